@@ -1,0 +1,409 @@
+"""The question bank: one YAML file per deck in bank/, loaded and validated as a whole.
+
+A deck file looks like this (every key shown; `retired_ids` and `description` are optional):
+
+    id: fsdp
+    title: Fully Sharded Data Parallel
+    description: ...
+    retired_ids: []          # question ids once used and removed: never to be reused
+    questions:
+      - id: fsdp-what-is-sharded
+        prompt: What does FSDP shard ...?
+        choices:
+          - text: Parameters, gradients, and optimizer states
+            correct: true
+          - text: Only the input batches
+            why_wrong: Batches are split under any data parallelism ...
+        explanation: ...
+        lab: what-fsdp-shards
+        tags: [fsdp, memory]
+
+Validation refuses the whole bank when anything is wrong, naming file, line, question id
+and field for each problem, so nothing is ever half-loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_BANK_DIR = Path(__file__).resolve().parent.parent / "bank"
+SLUG = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+TAG = re.compile(r"^[A-Za-z0-9_:.-]+$")  # Anki tags cannot contain spaces
+
+DECK_KEYS = {"id", "title", "description", "retired_ids", "questions"}
+DECK_REQUIRED = {"id", "title", "questions"}
+QUESTION_KEYS = {"id", "prompt", "choices", "explanation", "lab", "tags"}
+CHOICE_KEYS = {"text", "correct", "why_wrong"}
+
+
+@dataclass(frozen=True)
+class Question:
+    id: str
+    deck_id: str
+    prompt: str
+    choices: tuple[str, ...]
+    answer: int  # index of the correct choice
+    explanation: str
+    why_wrong: tuple[str, ...]  # one reason per choice; "" at the correct answer
+    lab: str
+    tags: tuple[str, ...]
+    line: int = 0  # where the question starts in its file, for error messages
+
+    def content_hash(self) -> str:
+        """A digest of everything a learner sees, to tell an edited question from an unchanged one."""
+        content = asdict(self)
+        content.pop("line")
+        return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Deck:
+    id: str
+    title: str
+    questions: tuple[Question, ...]
+    description: str = ""
+    retired_ids: tuple[str, ...] = ()
+    path: str = ""
+
+    def content_hash(self) -> str:
+        digest = hashlib.sha256(f"{self.id}\n{self.title}\n{self.description}".encode())
+        for question in self.questions:
+            digest.update(question.content_hash().encode())
+        return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class BankProblem:
+    file: str
+    line: int
+    question_id: str | None
+    field: str | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        parts = [where]
+        if self.question_id:
+            parts.append(f"question {self.question_id}")
+        if self.field:
+            parts.append(f"field '{self.field}'")
+        return f"{', '.join(parts)}: {self.message}"
+
+
+class BankError(ValueError):
+    """The bank was refused; `problems` lists every reason, each naming file, line and field."""
+
+    def __init__(self, problems: list[BankProblem]):
+        self.problems = problems
+        super().__init__("the question bank was refused:\n" + "\n".join(f"  {p}" for p in problems))
+
+
+# --- YAML with line numbers -------------------------------------------------------------
+
+
+class _Mapping(dict):
+    """A YAML mapping that remembers the line of itself and of each key (1-based)."""
+
+    line: int = 0
+    key_lines: dict[str, int]
+
+
+class _LineLoader(yaml.SafeLoader):
+    pass
+
+
+def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> _Mapping:
+    mapping = _Mapping()
+    mapping.line = node.start_mark.line + 1
+    mapping.key_lines = {}
+    duplicates = []
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in mapping:
+            duplicates.append((key, key_node.start_mark.line + 1))
+        mapping[key] = loader.construct_object(value_node, deep=True)
+        mapping.key_lines[key] = key_node.start_mark.line + 1
+    mapping.duplicate_keys = duplicates
+    return mapping
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+# --- Validation -------------------------------------------------------------------------
+
+
+class _Checker:
+    """Collects problems for one file instead of stopping at the first."""
+
+    def __init__(self, file: str):
+        self.file = file
+        self.problems: list[BankProblem] = []
+
+    def add(self, line: int, message: str, question_id: str | None = None, field: str | None = None) -> None:
+        self.problems.append(BankProblem(self.file, line, question_id, field, message))
+
+    def keys(self, mapping: _Mapping, allowed: set[str], required: set[str], what: str, qid: str | None) -> None:
+        for key, line in getattr(mapping, "duplicate_keys", []):
+            self.add(line, f"duplicate key '{key}' in {what}", qid, str(key))
+        for key in mapping:
+            if key not in allowed:
+                known = ", ".join(sorted(allowed))
+                self.add(mapping.key_lines.get(key, mapping.line), f"unknown key '{key}' in {what} (known: {known})", qid, str(key))
+        for key in sorted(required - set(mapping)):
+            self.add(mapping.line, f"missing required key '{key}' in {what}", qid, key)
+
+    def text(self, mapping: _Mapping, key: str, qid: str | None, field: str | None = None) -> str:
+        value = mapping.get(key)
+        line = mapping.key_lines.get(key, mapping.line)
+        if key not in mapping:
+            return ""
+        if not isinstance(value, str):
+            self.add(line, f"must be text, got {type(value).__name__}", qid, field or key)
+            return ""
+        if not value.strip():
+            self.add(line, "must not be empty", qid, field or key)
+            return ""
+        return value.strip()
+
+
+def _question(raw: Any, deck_id: str, index: int, check: _Checker) -> Question | None:
+    if not isinstance(raw, _Mapping):
+        check.add(0, f"question #{index + 1} must be a mapping, got {type(raw).__name__}", None, "questions")
+        return None
+    qid = raw.get("id") if isinstance(raw.get("id"), str) else None
+    label = qid or f"#{index + 1}"
+    check.keys(raw, QUESTION_KEYS, QUESTION_KEYS - {"tags"}, "a question", label)
+    if qid is not None and not SLUG.match(qid):
+        check.add(raw.key_lines.get("id", raw.line), "must be a slug: lowercase letters, digits and dashes", label, "id")
+    elif "id" in raw and qid is None:
+        check.add(raw.key_lines["id"], "must be text", label, "id")
+    prompt = check.text(raw, "prompt", label)
+    explanation = check.text(raw, "explanation", label)
+    lab = check.text(raw, "lab", label)
+    if lab and not SLUG.match(lab):
+        check.add(raw.key_lines["lab"], f"'{lab}' is not a lab slug (lowercase letters, digits and dashes)", label, "lab")
+
+    tags: list[str] = []
+    raw_tags = raw.get("tags", [])
+    if not isinstance(raw_tags, list):
+        check.add(raw.key_lines.get("tags", raw.line), "must be a list of tags", label, "tags")
+    else:
+        for tag in raw_tags:
+            if not isinstance(tag, str) or not TAG.match(tag):
+                check.add(raw.key_lines["tags"], f"tag {tag!r} must be one word without spaces", label, "tags")
+            else:
+                tags.append(tag)
+
+    choices: list[str] = []
+    why_wrong: list[str] = []
+    correct: list[int] = []
+    raw_choices = raw.get("choices")
+    choices_line = raw.key_lines.get("choices", raw.line)
+    if "choices" in raw and not isinstance(raw_choices, list):
+        check.add(choices_line, "must be a list of choices", label, "choices")
+    elif isinstance(raw_choices, list):
+        if len(raw_choices) < 2:
+            check.add(choices_line, f"needs at least two choices, got {len(raw_choices)}", label, "choices")
+        for number, choice in enumerate(raw_choices, start=1):
+            field = f"choices[{number}]"
+            if not isinstance(choice, _Mapping):
+                check.add(choices_line, "must be a mapping with 'text' and 'correct' or 'why_wrong'", label, field)
+                continue
+            check.keys(choice, CHOICE_KEYS, {"text"}, f"choice {number}", label)
+            text = check.text(choice, "text", label, f"{field}.text")
+            is_correct = choice.get("correct", False)
+            if not isinstance(is_correct, bool):
+                check.add(choice.key_lines["correct"], "must be true or false", label, f"{field}.correct")
+                is_correct = False
+            reason = ""
+            if is_correct:
+                correct.append(number - 1)
+                if "why_wrong" in choice:
+                    check.add(choice.key_lines["why_wrong"], "the correct choice cannot have a 'why_wrong'", label, f"{field}.why_wrong")
+            elif "why_wrong" not in choice:
+                check.add(choice.line, "a distractor needs a one-line 'why_wrong'", label, f"{field}.why_wrong")
+            else:
+                reason = check.text(choice, "why_wrong", label, f"{field}.why_wrong")
+            if text in choices:
+                check.add(choice.line, f"repeats the choice {text!r}", label, f"{field}.text")
+            choices.append(text)
+            why_wrong.append(reason)
+        if len(raw_choices) >= 2 and len(correct) != 1:
+            found = "none" if not correct else ", ".join(str(i + 1) for i in correct)
+            check.add(choices_line, f"exactly one choice must be correct; marked correct: {found}", label, "choices")
+
+    if qid is None or len(correct) != 1:
+        return None
+    return Question(
+        id=qid,
+        deck_id=deck_id,
+        prompt=prompt,
+        choices=tuple(choices),
+        answer=correct[0],
+        explanation=explanation,
+        why_wrong=tuple(why_wrong),
+        lab=lab,
+        tags=tuple(tags),
+        line=raw.line,
+    )
+
+
+def parse_deck(text: str, file: str) -> tuple[Deck | None, list[BankProblem]]:
+    """Parse and validate one deck file's text. Returns the deck (None when invalid) and the problems."""
+    check = _Checker(file)
+    try:
+        raw = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+        line = mark.line + 1 if mark else 0
+        reason = getattr(error, "problem", None) or str(error)
+        check.add(line, f"YAML syntax error: {reason}", None, None)
+        return None, check.problems
+    if not isinstance(raw, _Mapping):
+        check.add(1, f"a deck file must be a mapping with {sorted(DECK_REQUIRED)}, got {type(raw).__name__}")
+        return None, check.problems
+
+    check.keys(raw, DECK_KEYS, DECK_REQUIRED, "the deck", None)
+    deck_id = raw.get("id")
+    if "id" in raw and (not isinstance(deck_id, str) or not SLUG.match(deck_id)):
+        check.add(raw.key_lines["id"], "deck id must be a slug: lowercase letters, digits and dashes", None, "id")
+        deck_id = None
+    title = check.text(raw, "title", None)
+    description = raw.get("description") or ""
+    if not isinstance(description, str):
+        check.add(raw.key_lines["description"], "must be text", None, "description")
+        description = ""
+    retired = raw.get("retired_ids") or []
+    if not isinstance(retired, list) or not all(isinstance(r, str) for r in retired):
+        check.add(raw.key_lines.get("retired_ids", raw.line), "must be a list of question ids", None, "retired_ids")
+        retired = []
+
+    raw_questions = raw.get("questions")
+    questions: list[Question] = []
+    if "questions" in raw and (not isinstance(raw_questions, list) or not raw_questions):
+        check.add(raw.key_lines["questions"], "must be a non-empty list of questions", None, "questions")
+    elif isinstance(raw_questions, list):
+        for index, raw_question in enumerate(raw_questions):
+            question = _question(raw_question, deck_id or "", index, check)
+            if question is None:
+                continue
+            if question.id in retired:
+                check.add(question.line, "this id was retired and must not be reused", question.id, "id")
+            questions.append(question)
+
+    if check.problems or not deck_id:
+        return None, check.problems
+    deck = Deck(
+        id=deck_id,
+        title=title,
+        questions=tuple(questions),
+        description=description.strip(),
+        retired_ids=tuple(retired),
+        path=file,
+    )
+    return deck, []
+
+
+def load_bank(path: str | Path | None = None) -> list[Deck]:
+    """Load every deck file (*.yaml) in `path` (default: the repository's bank/), or one file.
+
+    Raises BankError listing every problem in every file; on any problem nothing is returned.
+    """
+    root = Path(path) if path is not None else DEFAULT_BANK_DIR
+    if root.is_dir():
+        files = sorted(list(root.glob("*.yaml")) + list(root.glob("*.yml")))
+    elif root.exists():
+        files = [root]
+    else:
+        raise BankError([BankProblem(str(root), 0, None, None, "no such file or folder")])
+    if not files:
+        raise BankError([BankProblem(str(root), 0, None, None, "no deck files (*.yaml) found")])
+
+    problems: list[BankProblem] = []
+    decks: list[Deck] = []
+    for file in files:
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            problems.append(BankProblem(str(file), 0, None, None, f"cannot be read: {error}"))
+            continue
+        deck, deck_problems = parse_deck(text, str(file))
+        problems.extend(deck_problems)
+        if deck:
+            decks.append(deck)
+
+    problems.extend(_cross_deck_problems(decks))
+    if problems:
+        raise BankError(problems)
+    return decks
+
+
+def _cross_deck_problems(decks: list[Deck]) -> list[BankProblem]:
+    """Ids are unique across the whole bank: a card's progress is keyed by its question id."""
+    problems = []
+    deck_files: dict[str, str] = {}
+    question_places: dict[str, str] = {}
+    for deck in decks:
+        if deck.id in deck_files:
+            problems.append(BankProblem(deck.path, 1, None, "id", f"deck id '{deck.id}' is also used by {deck_files[deck.id]}"))
+        deck_files.setdefault(deck.id, deck.path)
+        for question in deck.questions:
+            place = f"{deck.path}:{question.line}"
+            if question.id in question_places:
+                problems.append(
+                    BankProblem(deck.path, question.line, question.id, "id", f"duplicate question id, first used at {question_places[question.id]}")
+                )
+            question_places.setdefault(question.id, place)
+    return problems
+
+
+def find_question(decks: list[Deck], question_id: str) -> Question | None:
+    for deck in decks:
+        for question in deck.questions:
+            if question.id == question_id:
+                return question
+    return None
+
+
+# --- Importing a quiz in the seeds' plain-text format ----------------------------------
+
+_NUMBERED = re.compile(r"^\s*(\d+)\.\s+(.*\S)\s*$")
+_BULLET = re.compile(r"^\s*[•*\-]\s+(.*\S)\s*$")
+
+
+def quiz_to_yaml(text: str, deck_id: str) -> str:
+    """Turn a plain-text quiz (a title line, numbered questions, bulleted choices) into a deck skeleton.
+
+    Correct answers, explanations, reasons and labs are left empty for the author; the validator
+    then names exactly what is missing.
+    """
+    if not SLUG.match(deck_id):
+        raise ValueError(f"deck id {deck_id!r} must be a slug: lowercase letters, digits and dashes")
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise ValueError("the quiz is empty")
+    title = lines[0].strip()
+    questions: list[dict[str, Any]] = []
+    for number, line in enumerate(lines[1:], start=2):
+        if match := _NUMBERED.match(line):
+            questions.append({"id": f"{deck_id}-q{match.group(1)}", "prompt": match.group(2), "choices": []})
+        elif (match := _BULLET.match(line)) and questions:
+            questions[-1]["choices"].append({"text": match.group(1), "correct": False, "why_wrong": ""})
+        elif questions:
+            raise ValueError(f"line {number}: expected a numbered question or a bulleted choice, got {line.strip()!r}")
+    if not questions:
+        raise ValueError("no numbered questions found")
+    for question in questions:
+        question.update({"explanation": "", "lab": "", "tags": [deck_id]})
+    deck = {"id": deck_id, "title": title, "questions": questions}
+    header = "# Generated by `studyapp bank import-quiz`: mark one choice per question `correct: true`,\n"
+    header += "# drop its why_wrong, and fill in the empty explanations, reasons and labs.\n"
+    return header + yaml.safe_dump(deck, sort_keys=False, allow_unicode=True, width=100)
