@@ -1,0 +1,248 @@
+"""`sharding-lab estimate`: the ZeRO paper's analytic figures, Table 1, and the FSDP2 simulation.
+
+    sharding-lab estimate --params 7.5B --world-size 64 --mixed-precision [--json]
+    sharding-lab estimate --table1 [--json]
+    sharding-lab estimate --simulate --size 70b --world-size 1024 [--batch 1 --seq 128] [--json]
+
+Everything here but `--simulate` is pure arithmetic (sharding_lab.analytic); the
+simulation imports torch lazily, so the arithmetic answers instantly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+
+from sharding_lab.analytic import (
+    MODEL_STATE_PARTS,
+    STRATEGIES,
+    bytes_per_param,
+    communication_bytes_per_step,
+    model_states_bytes_per_rank,
+)
+
+GB = 10**9  # the ZeRO paper's GB: 7.5B params x 16 B = 120 GB
+
+# Table 1 of the paper: model sizes and data-parallel degrees, K = 12 mixed precision.
+TABLE1_PARAMS: tuple[int, ...] = (7_500_000_000, 128_000_000_000, 1_000_000_000_000)
+TABLE1_WORLD_SIZES: tuple[int, ...] = (1, 4, 16, 64, 256, 1024)
+# The paper's column names for each strategy.
+PAPER_STAGE_NAMES: dict[str, str] = {"ddp": "baseline", "zero1": "Pos", "zero2": "Pos+g", "zero3": "Pos+g+p"}
+
+_SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+
+
+def parse_param_count(text: str) -> int:
+    """'7.5e9', '7.5B', '128B', '1T', '350M' or '1000' as a whole number of parameters."""
+    match = re.fullmatch(r"\s*([0-9.eE+-]+?)\s*([kKmMbBgGtT]?)\s*", text)
+    try:
+        if match is None:
+            raise InvalidOperation
+        value = Decimal(match.group(1)) * _SUFFIXES[match.group(2).upper()]
+    except InvalidOperation:
+        raise ValueError(f"not a parameter count: {text!r} (try 7.5e9, 7.5B, 128B or 1T)") from None
+    if value != value.to_integral_value() or value <= 0:
+        raise ValueError(f"a parameter count must be a positive whole number, got {text!r}")
+    return int(value)
+
+
+def analytic_report(num_params: int, world_size: int, *, mixed_precision: bool = False) -> dict:
+    """The analytic figures for every strategy, as the --json object carries them."""
+    per_param = bytes_per_param(mixed_precision=mixed_precision)
+    return {
+        "params": num_params,
+        "world_size": world_size,
+        "mixed_precision": mixed_precision,
+        "bytes_per_param": per_param,
+        "strategies": {
+            strategy: {
+                "model_states_bytes_per_rank": model_states_bytes_per_rank(
+                    num_params, world_size, strategy, mixed_precision=mixed_precision
+                ),
+                # Mixed precision communicates fp16 gradients and parameters.
+                "communication_per_step": communication_bytes_per_step(
+                    num_params, world_size, strategy, bytes_per_element=per_param["params"]
+                ),
+            }
+            for strategy in STRATEGIES
+        },
+    }
+
+
+def table1() -> list[dict]:
+    """The paper's Table 1: per-device model-state GB (1e9 B) for each model size and DP degree."""
+    rows = []
+    for num_params in TABLE1_PARAMS:
+        for world_size in TABLE1_WORLD_SIZES:
+            row: dict = {"params": num_params, "world_size": world_size}
+            for strategy, column in PAPER_STAGE_NAMES.items():
+                total = model_states_bytes_per_rank(num_params, world_size, strategy, mixed_precision=True)["total"]
+                row[column] = total / GB
+            rows.append(row)
+    return rows
+
+
+def paper_style(gigabytes: float) -> str:
+    """A GB figure printed the way Table 1 prints it: 3 significant figures, whole numbers from 100."""
+    decimals = 0 if gigabytes >= 100 else 1 if gigabytes >= 10 else 2
+    rounded = Decimal(repr(gigabytes)).quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP)
+    text = f"{rounded:f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def format_bytes(num_bytes: float) -> str:
+    """Bytes in the largest decimal unit that keeps the figure >= 1 (the paper's GB is 1e9)."""
+    for unit, size in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if abs(num_bytes) >= size:
+            return f"{num_bytes / size:.2f} {unit}"
+    return f"{num_bytes:.0f} B"
+
+
+def _params_label(num_params: int) -> str:
+    for suffix, size in (("T", 10**12), ("B", 10**9), ("M", 10**6)):
+        if num_params >= size:
+            return f"{num_params / size:g}{suffix}"
+    return str(num_params)
+
+
+def _print_json(obj: dict) -> None:
+    print(json.dumps(obj, indent=2))
+
+
+def _render_analytic(report: dict, console) -> None:
+    from rich.table import Table
+
+    precision = "mixed precision (K = 12)" if report["mixed_precision"] else "fp32 Adam"
+    table = Table(
+        title=f"Per-rank model states and communication: {_params_label(report['params'])} params, "
+        f"N = {report['world_size']}, {precision}"
+    )
+    table.add_column("strategy")
+    for part in (*MODEL_STATE_PARTS, "total"):
+        table.add_column(part, justify="right")
+    table.add_column("comm / step (paper)", justify="right")
+    table.add_column("wire / rank (ring, derived)", justify="right")
+    for strategy, figures in report["strategies"].items():
+        states = figures["model_states_bytes_per_rank"]
+        comm = figures["communication_per_step"]
+        table.add_row(
+            f"{strategy} ({PAPER_STAGE_NAMES[strategy]})",
+            *(format_bytes(states[part]) for part in (*MODEL_STATE_PARTS, "total")),
+            f"{comm['multiple_of_params']}Ψ = {format_bytes(comm['bytes'])}",
+            format_bytes(comm["wire_bytes"]),
+        )
+    console.print(table)
+
+
+def _render_table1(rows: list[dict], console) -> None:
+    from rich.table import Table
+
+    table = Table(title="ZeRO paper Table 1: per-device model-state memory, GB (1e9 B), K = 12")
+    table.add_column("DP", justify="right")
+    for num_params in TABLE1_PARAMS:
+        for column in PAPER_STAGE_NAMES.values():
+            table.add_column(f"{_params_label(num_params)} {column}", justify="right")
+    for world_size in TABLE1_WORLD_SIZES:
+        cells = [str(world_size)]
+        for num_params in TABLE1_PARAMS:
+            row = next(r for r in rows if r["params"] == num_params and r["world_size"] == world_size)
+            cells.extend(paper_style(row[column]) for column in PAPER_STAGE_NAMES.values())
+        table.add_row(*cells)
+    console.print(table)
+
+
+def _render_simulation(result: dict, console) -> None:
+    from rich.table import Table
+
+    table = Table(
+        title=f"Simulated FSDP2 (zero3) step, rank 0 of {result['world_size']}: {result['size']} "
+        f"({_params_label(result['num_params'])} params), batch {result['batch']} x seq {result['seq']}"
+    )
+    table.add_column("per rank")
+    table.add_column("simulated", justify="right")
+    table.add_column("predicted (analytic, FSDP padding)", justify="right")
+    predicted = result["predicted"]
+    for key in ("params", "grads", "optimizer", "activations", "peak"):
+        table.add_row(
+            key,
+            format_bytes(result["per_rank"][key]),
+            format_bytes(predicted[key]) if key in predicted else "-",
+        )
+    table.add_row("model states total", format_bytes(result["per_rank"]["model_states"]), format_bytes(predicted["total"]))
+    console.print(table)
+    console.print(
+        f"wall time {result['wall_s']:.1f} s, peak host RSS {format_bytes(result['peak_rss_bytes'])} "
+        f"({result['method']})"
+    )
+
+
+def run_estimate(args: argparse.Namespace) -> int:
+    """The `estimate` subcommand: arguments in, one report out (a rich table or one JSON object)."""
+    if args.table1:
+        rows = table1()
+        if args.json:
+            _print_json({"table1": rows, "unit": "GB (1e9 bytes)", "mixed_precision": True, "K": 12})
+        else:
+            from rich.console import Console
+
+            _render_table1(rows, Console())
+        return 0
+
+    if args.world_size is None:
+        raise SystemExit("sharding-lab estimate: --world-size is required (or use --table1)")
+    simulation = None
+    if args.simulate:
+        from sharding_lab.simulate import simulate
+
+        simulation = simulate(args.size, args.world_size, batch=args.batch, seq=args.seq)
+        num_params = simulation["num_params"]
+    elif args.params is None:
+        raise SystemExit("sharding-lab estimate: --params is required (or use --simulate --size NAME, or --table1)")
+    else:
+        num_params = args.params
+
+    report = analytic_report(num_params, args.world_size, mixed_precision=args.mixed_precision)
+    if simulation is not None:
+        report["simulate"] = simulation
+    if args.json:
+        _print_json(report)
+        return 0
+    from rich.console import Console
+
+    console = Console()
+    _render_analytic(report, console)
+    if simulation is not None:
+        _render_simulation(simulation, console)
+    return 0
+
+
+def _param_count_arg(text: str) -> int:
+    try:
+        return parse_param_count(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def register(subparsers) -> None:
+    """Add the `estimate` subcommand to the sharding-lab CLI (dispatched through args.func)."""
+    parser = subparsers.add_parser(
+        "estimate",
+        help="analytic ZeRO memory/communication per rank, the paper's Table 1, or an FSDP2 simulation",
+        description="Per-rank model-state memory and communication for ddp, zero1, zero2 and zero3 "
+        "from the ZeRO paper's analytic model; --table1 reproduces the paper's Table 1; --simulate "
+        "shards the GPT with FSDP2 under FakeTensorMode and a fake process group.",
+    )
+    parser.add_argument("--params", type=_param_count_arg, help="parameter count: 7.5e9, 7.5B, 128B, 1T")
+    parser.add_argument("--world-size", type=int, help="data-parallel ranks N")
+    parser.add_argument(
+        "--mixed-precision", action="store_true", help="fp16 params and grads, K = 12 bytes of Adam state"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument("--table1", action="store_true", help="reproduce the ZeRO paper's Table 1")
+    parser.add_argument("--simulate", action="store_true", help="simulate FSDP2 on fake tensors and a fake process group")
+    parser.add_argument("--size", default="tiny", help="model size for --simulate (tiny, gpt2-small, ..., 70b)")
+    parser.add_argument("--batch", type=int, default=1, help="micro-batch size per rank for --simulate")
+    parser.add_argument("--seq", type=int, default=128, help="sequence length for --simulate")
+    parser.set_defaults(func=run_estimate)
