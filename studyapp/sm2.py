@@ -48,10 +48,16 @@ class SM2State:
 NEW_CARD = SM2State(repetitions=0, easiness=INITIAL_EASINESS, interval=0)
 
 
+# SM-2's arithmetic is decimal (EF moves in steps of 0.02), but floats drift: 2.5 + 0.1 - 0.14 ...
+# lands on 2.1000000000000005, and ceil(10 * 1.6000000000000008) is 17, not 16. Rounding to this
+# many decimals removes the drift without changing any value SM-2 can reach.
+DECIMALS = 9
+
+
 def next_easiness(easiness: float, quality: int) -> float:
     """EF' = EF + (0.1 - (5-q)(0.08 + (5-q)0.02)), floored at 1.3."""
     miss = 5 - quality
-    return max(MIN_EASINESS, easiness + (0.1 - miss * (0.08 + miss * 0.02)))
+    return max(MIN_EASINESS, round(easiness + (0.1 - miss * (0.08 + miss * 0.02)), DECIMALS))
 
 
 def review(state: SM2State | None, quality: int) -> SM2State:
@@ -68,7 +74,7 @@ def review(state: SM2State | None, quality: int) -> SM2State:
         interval = 6
     else:
         # The interval grows by the easiness from before this review's update.
-        interval = math.ceil(state.interval * state.easiness)
+        interval = math.ceil(round(state.interval * state.easiness, DECIMALS))
     return SM2State(repetitions=state.repetitions + 1, easiness=easiness, interval=interval)
 
 
