@@ -71,6 +71,7 @@ class Deck:
     description: str = ""
     retired_ids: tuple[str, ...] = ()
     path: str = ""
+    line: int = 0  # where the deck's `id` is in its file, for error messages
 
     def content_hash(self) -> str:
         digest = hashlib.sha256(f"{self.id}\n{self.title}\n{self.description}".encode())
@@ -115,6 +116,13 @@ class _Mapping(dict):
     key_lines: dict[str, int]
 
 
+class _Sequence(list):
+    """A YAML sequence that remembers the line of itself and of each item (1-based)."""
+
+    line: int = 0
+    item_lines: list[int]
+
+
 class _LineLoader(yaml.SafeLoader):
     pass
 
@@ -126,6 +134,12 @@ def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> _Mapping:
     duplicates = []
     for key_node, value_node in node.value:
         key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping", node.start_mark, "found an unhashable key", key_node.start_mark
+            ) from None
         if key in mapping:
             duplicates.append((key, key_node.start_mark.line + 1))
         mapping[key] = loader.construct_object(value_node, deep=True)
@@ -134,7 +148,20 @@ def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> _Mapping:
     return mapping
 
 
+def _construct_sequence(loader: _LineLoader, node: yaml.SequenceNode) -> _Sequence:
+    sequence = _Sequence(loader.construct_object(child, deep=True) for child in node.value)
+    sequence.line = node.start_mark.line + 1
+    sequence.item_lines = [child.start_mark.line + 1 for child in node.value]
+    return sequence
+
+
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _construct_sequence)
+
+
+def _item_line(sequence: list, index: int, default: int) -> int:
+    lines = getattr(sequence, "item_lines", None)
+    return lines[index] if lines and index < len(lines) else default
 
 
 # --- Validation -------------------------------------------------------------------------
@@ -150,15 +177,18 @@ class _Checker:
     def add(self, line: int, message: str, question_id: str | None = None, field: str | None = None) -> None:
         self.problems.append(BankProblem(self.file, line, question_id, field, message))
 
-    def keys(self, mapping: _Mapping, allowed: set[str], required: set[str], what: str, qid: str | None) -> None:
+    def keys(
+        self, mapping: _Mapping, allowed: set[str], required: set[str], what: str, qid: str | None, prefix: str = ""
+    ) -> None:
+        """Duplicate, unknown and missing keys; `prefix` names the field's parent (e.g. "choices[2].")."""
         for key, line in getattr(mapping, "duplicate_keys", []):
-            self.add(line, f"duplicate key '{key}' in {what}", qid, str(key))
+            self.add(line, f"duplicate key '{key}' in {what}", qid, f"{prefix}{key}")
         for key in mapping:
             if key not in allowed:
                 known = ", ".join(sorted(allowed))
-                self.add(mapping.key_lines.get(key, mapping.line), f"unknown key '{key}' in {what} (known: {known})", qid, str(key))
+                self.add(mapping.key_lines.get(key, mapping.line), f"unknown key '{key}' in {what} (known: {known})", qid, f"{prefix}{key}")
         for key in sorted(required - set(mapping)):
-            self.add(mapping.line, f"missing required key '{key}' in {what}", qid, key)
+            self.add(mapping.line, f"missing required key '{key}' in {what}", qid, f"{prefix}{key}")
 
     def text(self, mapping: _Mapping, key: str, qid: str | None, field: str | None = None) -> str:
         value = mapping.get(key)
@@ -174,9 +204,9 @@ class _Checker:
         return value.strip()
 
 
-def _question(raw: Any, deck_id: str, index: int, check: _Checker) -> Question | None:
+def _question(raw: Any, deck_id: str, index: int, line: int, check: _Checker) -> Question | None:
     if not isinstance(raw, _Mapping):
-        check.add(0, f"question #{index + 1} must be a mapping, got {type(raw).__name__}", None, "questions")
+        check.add(line, f"question #{index + 1} must be a mapping, got {type(raw).__name__}", None, "questions")
         return None
     qid = raw.get("id") if isinstance(raw.get("id"), str) else None
     label = qid or f"#{index + 1}"
@@ -215,12 +245,14 @@ def _question(raw: Any, deck_id: str, index: int, check: _Checker) -> Question |
         for number, choice in enumerate(raw_choices, start=1):
             field = f"choices[{number}]"
             if not isinstance(choice, _Mapping):
-                check.add(choices_line, "must be a mapping with 'text' and 'correct' or 'why_wrong'", label, field)
+                line = _item_line(raw_choices, number - 1, choices_line)
+                check.add(line, "must be a mapping with 'text' and 'correct' or 'why_wrong'", label, field)
                 continue
-            check.keys(choice, CHOICE_KEYS, {"text"}, f"choice {number}", label)
+            check.keys(choice, CHOICE_KEYS, {"text"}, f"choice {number}", label, prefix=f"{field}.")
             text = check.text(choice, "text", label, f"{field}.text")
             is_correct = choice.get("correct", False)
-            if not isinstance(is_correct, bool):
+            unreadable = not isinstance(is_correct, bool)
+            if unreadable:
                 check.add(choice.key_lines["correct"], "must be true or false", label, f"{field}.correct")
                 is_correct = False
             reason = ""
@@ -229,7 +261,8 @@ def _question(raw: Any, deck_id: str, index: int, check: _Checker) -> Question |
                 if "why_wrong" in choice:
                     check.add(choice.key_lines["why_wrong"], "the correct choice cannot have a 'why_wrong'", label, f"{field}.why_wrong")
             elif "why_wrong" not in choice:
-                check.add(choice.line, "a distractor needs a one-line 'why_wrong'", label, f"{field}.why_wrong")
+                if not unreadable:  # an unreadable `correct` may have meant true: asking for a reason would mislead
+                    check.add(choice.line, "a distractor needs a one-line 'why_wrong'", label, f"{field}.why_wrong")
             else:
                 reason = check.text(choice, "why_wrong", label, f"{field}.why_wrong")
             if text in choices:
@@ -265,6 +298,9 @@ def parse_deck(text: str, file: str) -> tuple[Deck | None, list[BankProblem]]:
         mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
         line = mark.line + 1 if mark else 0
         reason = getattr(error, "problem", None) or str(error)
+        context, context_mark = getattr(error, "context", None), getattr(error, "context_mark", None)
+        if context and context_mark is not None and context_mark is not mark and context_mark.line + 1 != line:
+            reason += f" ({context} started at line {context_mark.line + 1})"
         check.add(line, f"YAML syntax error: {reason}", None, None)
         return None, check.problems
     if not isinstance(raw, _Mapping):
@@ -291,12 +327,17 @@ def parse_deck(text: str, file: str) -> tuple[Deck | None, list[BankProblem]]:
     if "questions" in raw and (not isinstance(raw_questions, list) or not raw_questions):
         check.add(raw.key_lines["questions"], "must be a non-empty list of questions", None, "questions")
     elif isinstance(raw_questions, list):
+        first_lines: dict[str, int] = {}
         for index, raw_question in enumerate(raw_questions):
-            question = _question(raw_question, deck_id or "", index, check)
+            line = _item_line(raw_questions, index, raw.key_lines["questions"])
+            question = _question(raw_question, deck_id or "", index, line, check)
             if question is None:
                 continue
             if question.id in retired:
                 check.add(question.line, "this id was retired and must not be reused", question.id, "id")
+            if question.id in first_lines:
+                check.add(question.line, f"duplicate question id, first used at {file}:{first_lines[question.id]}", question.id, "id")
+            first_lines.setdefault(question.id, question.line)
             questions.append(question)
 
     if check.problems or not deck_id:
@@ -308,6 +349,7 @@ def parse_deck(text: str, file: str) -> tuple[Deck | None, list[BankProblem]]:
         description=description.strip(),
         retired_ids=tuple(retired),
         path=file,
+        line=raw.key_lines["id"],
     )
     return deck, []
 
@@ -347,13 +389,15 @@ def load_bank(path: str | Path | None = None) -> list[Deck]:
 
 
 def _cross_deck_problems(decks: list[Deck]) -> list[BankProblem]:
-    """Ids are unique across the whole bank: a card's progress is keyed by its question id."""
+    """Ids are unique across the whole bank, and a retired id is retired everywhere:
+    a card's progress is keyed by its question id."""
     problems = []
     deck_files: dict[str, str] = {}
     question_places: dict[str, str] = {}
+    retired_by = {retired_id: deck for deck in decks for retired_id in deck.retired_ids}
     for deck in decks:
         if deck.id in deck_files:
-            problems.append(BankProblem(deck.path, 1, None, "id", f"deck id '{deck.id}' is also used by {deck_files[deck.id]}"))
+            problems.append(BankProblem(deck.path, deck.line, None, "id", f"deck id '{deck.id}' is also used by {deck_files[deck.id]}"))
         deck_files.setdefault(deck.id, deck.path)
         for question in deck.questions:
             place = f"{deck.path}:{question.line}"
@@ -362,6 +406,11 @@ def _cross_deck_problems(decks: list[Deck]) -> list[BankProblem]:
                     BankProblem(deck.path, question.line, question.id, "id", f"duplicate question id, first used at {question_places[question.id]}")
                 )
             question_places.setdefault(question.id, place)
+            retiring = retired_by.get(question.id)
+            if retiring is not None and retiring is not deck:  # within one deck, parse_deck reports it
+                problems.append(
+                    BankProblem(deck.path, question.line, question.id, "id", f"this id was retired by deck '{retiring.id}' ({retiring.path}) and must not be reused")
+                )
     return problems
 
 

@@ -1,0 +1,475 @@
+"""The question bank (bank/*.yaml) and its loader (studyapp/bank.py).
+
+First the real bank: it loads, and its prompts and choices are the seeds' word for word.
+Then the validator: each malformed file is a copy of bank/fsdp.yaml with one edit, written to
+tmp_path, and the test names the exact file, line, question and field the refusal must cite.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from studyapp.bank import BankError, BankProblem, Deck, find_question, load_bank, parse_deck
+
+REPO = Path(__file__).resolve().parent.parent
+BANK = REPO / "bank"
+SEEDS = Path(__file__).resolve().parent / "data"  # copies of ../shared/seeds, checked below
+SHARED_SEEDS = REPO.parent / "shared" / "seeds"
+SEED_FILES = {"fsdp": "fsdp-quiz.txt", "zero": "zero-quiz.txt"}
+
+QUESTION_IDS = {
+    "fsdp": [
+        "fsdp-what-is-sharded",
+        "fsdp-all-gather-before-layer",
+        "fsdp-free-gathered-weights",
+        "fsdp-inspired-by-zero",
+        "fsdp-prefetch-overlap",
+        "fsdp-reduce-scatter-gradients",
+        "fsdp-persistent-memory",
+        "fsdp-memory-communication-tradeoff",
+    ],
+    "zero": [
+        "zero-redundancy-removed",
+        "zero-adam-state",
+        "zero-stage3-parameters",
+        "zero-gather-then-discard",
+        "zero-fsdp-implements",
+        "zero-communication-cost",
+        "zero-stage1-optimizer",
+        "zero-practical-cost",
+    ],
+}
+
+# The answer each question intends, as the text of the correct choice.
+CORRECT = {
+    "fsdp-what-is-sharded": "Parameters, gradients, and optimizer states",
+    "fsdp-all-gather-before-layer": "All-gather",
+    "fsdp-free-gathered-weights": "To keep the permanent memory footprint to just one shard per device",
+    "fsdp-inspired-by-zero": "Microsoft's ZeRO (Zero Redundancy Optimizer)",
+    "fsdp-prefetch-overlap": "By overlapping communication with computation, prefetching the next layer's parameters",
+    "fsdp-reduce-scatter-gradients": "Reduce-scatter",
+    "fsdp-persistent-memory": "Each rank stores a shard of model state instead of a full copy",
+    "fsdp-memory-communication-tradeoff": "Lower per-device memory use in exchange for collective communication",
+    "zero-redundancy-removed": "Duplicate full copies of optimizer state, gradients, and parameters on every GPU",
+    "zero-adam-state": "Adam keeps additional per-parameter values (like momentum and variance), often several times the model size",
+    "zero-stage3-parameters": "The model parameters themselves",
+    "zero-gather-then-discard": "It performs an all-gather to collect the missing slices, then discards them afterward",
+    "zero-fsdp-implements": "FSDP (Fully Sharded Data Parallel)",
+    "zero-communication-cost": "It adds extra communication to gather and scatter shards as needed",
+    "zero-stage1-optimizer": "Optimizer states, while parameters and gradients remain replicated",
+    "zero-practical-cost": "Additional communication to gather parameters and distribute gradients",
+}
+
+
+def parse_seed(text: str) -> tuple[str, list[tuple[str, list[str]]]]:
+    """The seeds' format: a title line, then `N. prompt` lines each followed by `• choice` lines."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    questions: list[tuple[str, list[str]]] = []
+    for line in lines[1:]:
+        if match := re.fullmatch(r"(\d+)\. (.+)", line.strip()):
+            assert int(match.group(1)) == len(questions) + 1
+            questions.append((match.group(2), []))
+        elif line.strip().startswith("•"):
+            questions[-1][1].append(line.strip().removeprefix("•").strip())
+    return lines[0].strip(), questions
+
+
+@pytest.fixture(scope="module")
+def bank() -> dict[str, Deck]:
+    return {deck.id: deck for deck in load_bank()}
+
+
+# --- The real bank ---------------------------------------------------------------------
+
+
+def test_seed_copies_match_the_shared_seeds():
+    if not SHARED_SEEDS.is_dir():
+        pytest.skip("../shared/seeds is not next to this checkout")
+    for name in SEED_FILES.values():
+        assert (SEEDS / name).read_bytes() == (SHARED_SEEDS / name).read_bytes()
+
+
+def test_the_bank_loads_with_two_decks_of_eight(bank):
+    assert list(bank) == ["fsdp", "zero"]
+    assert bank["fsdp"].title == "Fully Sharded Data Parallel"
+    assert bank["zero"].title == "ZeRO and Sharded Optimizers"
+    assert all(deck.description for deck in bank.values())
+    for deck_id, ids in QUESTION_IDS.items():
+        assert [q.id for q in bank[deck_id].questions] == ids
+        assert all(q.deck_id == deck_id for q in bank[deck_id].questions)
+    assert sum(len(deck.questions) for deck in bank.values()) == 16
+
+
+@pytest.mark.parametrize("deck_id", ["fsdp", "zero"])
+def test_prompts_and_choices_are_the_seeds_verbatim_and_in_order(bank, deck_id):
+    title, seed_questions = parse_seed((SEEDS / SEED_FILES[deck_id]).read_text(encoding="utf-8"))
+    assert title == f"{bank[deck_id].title} Quiz"
+    assert len(seed_questions) == 8
+    got = [(q.prompt, list(q.choices)) for q in bank[deck_id].questions]
+    assert got == seed_questions
+
+
+def test_the_marked_answer_is_the_intended_one(bank):
+    questions = [q for deck in bank.values() for q in deck.questions]
+    assert {q.id: q.choices[q.answer] for q in questions} == CORRECT
+
+
+def test_every_distractor_has_a_reason_and_the_answer_has_none(bank):
+    for deck in bank.values():
+        for q in deck.questions:
+            assert len(q.choices) == len(q.why_wrong) == 4
+            for index, reason in enumerate(q.why_wrong):
+                if index == q.answer:
+                    assert reason == "", q.id
+                else:
+                    assert len(reason) > 30 and "\n" not in reason, (q.id, index)
+            assert len(set(q.why_wrong)) == 4, f"{q.id}: reasons must be specific, not copied"
+
+
+def test_explanations_tags_and_labs_are_filled_in(bank):
+    for deck in bank.values():
+        for q in deck.questions:
+            assert len(q.explanation.split()) >= 40, q.id
+            assert q.tags[0] == deck.id and len(q.tags) >= 3 and len(set(q.tags)) == len(q.tags), q.id
+            assert all(re.fullmatch(r"[a-z0-9-]+", tag) for tag in q.tags), q.id
+            assert q.lab
+
+
+@pytest.mark.parametrize(
+    ("question_id", "figures"),
+    [
+        ("fsdp-what-is-sharded", ["16Ψ", "4Ψ", "8Ψ", "16Ψ/N"]),
+        ("fsdp-memory-communication-tradeoff", ["2Ψ", "3Ψ", "1.5×", "reshard_after_forward"]),
+        ("fsdp-free-gathered-weights", ["reshard_after_forward", "one or two blocks"]),
+        ("zero-adam-state", ["8Ψ", "12Ψ"]),
+        ("zero-communication-cost", ["2Ψ", "3Ψ", "1.5×"]),
+        ("zero-stage1-optimizer", ["4Ψ + 4Ψ + 8Ψ/N", "12Ψ/N"]),
+        ("zero-redundancy-removed", ["16Ψ", "2Ψ + 14Ψ/N", "16Ψ/N"]),
+    ],
+)
+def test_explanations_carry_the_numbers(bank, question_id, figures):
+    explanation = find_question(list(bank.values()), question_id).explanation
+    for figure in figures:
+        assert figure in explanation
+
+
+def test_find_question(bank):
+    decks = list(bank.values())
+    assert find_question(decks, "zero-adam-state").deck_id == "zero"
+    assert find_question(decks, "no-such-question") is None
+
+
+# --- Malformed files -------------------------------------------------------------------
+
+
+class Edit:
+    """A copy of bank/fsdp.yaml's text, edited in place, that knows where its lines are."""
+
+    def __init__(self, path: Path = BANK / "fsdp.yaml"):
+        self.lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+    def find(self, needle: str, within: str | None = None) -> int:
+        """0-based index of the first line containing `needle`, searching from question `within`."""
+        start = self.find(f"- id: {within}") if within else 0
+        for index in range(start, len(self.lines)):
+            if needle in self.lines[index]:
+                return index
+        raise AssertionError(f"{needle!r} not found")
+
+    def line(self, needle: str, within: str | None = None) -> int:
+        return self.find(needle, within) + 1
+
+    def replace(self, needle: str, new: str, within: str | None = None) -> Edit:
+        index = self.find(needle, within)
+        self.lines[index] = self.lines[index].replace(needle, new)
+        return self
+
+    def insert_after(self, needle: str, new_line: str, within: str | None = None) -> Edit:
+        self.lines.insert(self.find(needle, within) + 1, new_line + "\n")
+        return self
+
+    def delete(self, needle: str, within: str | None = None, count: int = 1) -> Edit:
+        index = self.find(needle, within)
+        del self.lines[index : index + count]
+        return self
+
+
+@dataclass
+class Case:
+    edit: Edit
+    expected: list[tuple[int, str | None, str | None]]  # (line, question id, field) per problem
+    message: str  # a phrase the first problem's message must contain
+
+
+def q(number: int) -> str:
+    return QUESTION_IDS["fsdp"][number - 1]
+
+
+def case_yaml_syntax_error() -> Case:
+    edit = Edit().replace("prompt: How does FSDP hide", "prompt: How does FSDP: hide", within=q(5))
+    return Case(edit, [(edit.line("prompt: How does FSDP: hide"), None, None)], "YAML syntax error")
+
+
+def case_no_correct_choice() -> Case:
+    edit = Edit().replace("correct: true", "why_wrong: Said to be wrong.", within=q(2))
+    return Case(edit, [(edit.line("choices:", within=q(2)), q(2), "choices")], "marked correct: none")
+
+
+def case_two_correct_choices() -> Case:
+    edit = Edit().replace("why_wrong: Scatter splits", "correct: true #", within=q(2))
+    return Case(edit, [(edit.line("choices:", within=q(2)), q(2), "choices")], "marked correct: 2, 3")
+
+
+def case_duplicate_question_id_in_one_deck() -> Case:
+    edit = Edit().replace(f"- id: {q(2)}", f"- id: {q(1)}")
+    second = [i for i, text in enumerate(edit.lines) if f"- id: {q(1)}" in text][1] + 1
+    return Case(edit, [(second, q(1), "id")], "duplicate question id, first used at")
+
+
+def case_unknown_key_in_a_question() -> Case:
+    edit = Edit().insert_after("prompt:", "    hint: think about memory", within=q(3))
+    return Case(edit, [(edit.line("hint: think"), q(3), "hint")], "unknown key 'hint'")
+
+
+def case_unknown_key_in_a_choice() -> Case:
+    edit = Edit().insert_after("- text: To corrupt unused gradients", "        colour: red", within=q(3))
+    return Case(edit, [(edit.line("colour: red"), q(3), "choices[1].colour")], "unknown key 'colour'")
+
+
+def case_empty_prompt() -> Case:
+    edit = Edit().replace("prompt: FSDP was largely inspired by which earlier memory-optimization approach?", 'prompt: ""')
+    return Case(edit, [(edit.line('prompt: ""'), q(4), "prompt")], "must not be empty")
+
+
+def case_blank_choice_text() -> Case:
+    edit = Edit().replace("- text: Google's MapReduce", '- text: "   "')
+    return Case(edit, [(edit.line('- text: "   "'), q(4), "choices[1].text")], "must not be empty")
+
+
+def case_fewer_than_two_choices() -> Case:
+    edit = Edit().delete("- text: By disabling the backward pass", within=q(5), count=6)
+    return Case(edit, [(edit.line("choices:", within=q(5)), q(5), "choices")], "at least two choices, got 1")
+
+
+def case_choices_not_a_list() -> Case:
+    edit = Edit().delete("- text: By overlapping", within=q(5), count=8)
+    edit.replace("choices:", "choices: By overlapping communication with computation", within=q(5))
+    return Case(edit, [(edit.line("choices: By overlapping"), q(5), "choices")], "must be a list of choices")
+
+
+def case_missing_required_key() -> Case:
+    edit = Edit().delete("lab: reduce-scatter-backward")
+    return Case(edit, [(edit.line(f"- id: {q(6)}"), q(6), "lab")], "missing required key 'lab'")
+
+
+def case_tag_with_a_space() -> Case:
+    edit = Edit().replace("tags: [fsdp, communication, reduce-scatter, gradients]", "tags: [fsdp, reduce scatter]")
+    return Case(edit, [(edit.line("tags: [fsdp, reduce scatter]"), q(6), "tags")], "one word without spaces")
+
+
+def case_reused_retired_id() -> Case:
+    edit = Edit().replace("retired_ids: []", f"retired_ids: [{q(7)}]")
+    return Case(edit, [(edit.line(f"- id: {q(7)}"), q(7), "id")], "retired")
+
+
+def case_question_id_not_a_slug() -> Case:
+    edit = Edit().replace(f"- id: {q(7)}", "- id: Fsdp_Persistent")
+    return Case(edit, [(edit.line("- id: Fsdp_Persistent"), "Fsdp_Persistent", "id")], "must be a slug")
+
+
+def case_deck_id_not_a_slug() -> Case:
+    edit = Edit().replace("id: fsdp\n", "id: FSDP deck\n")
+    return Case(edit, [(edit.line("id: FSDP deck"), None, "id")], "slug")
+
+
+def case_lab_not_a_slug() -> Case:
+    edit = Edit().replace("lab: memory-communication-tradeoff", "lab: Memory Tradeoff")
+    return Case(edit, [(edit.line("lab: Memory Tradeoff"), q(8), "lab")], "not a lab slug")
+
+
+def case_distractor_without_why_wrong() -> Case:
+    edit = Edit().delete("why_wrong: FSDP replicates fewer parameters")
+    return Case(edit, [(edit.line("- text: More replicated parameters"), q(8), "choices[2].why_wrong")], "needs a one-line 'why_wrong'")
+
+
+def case_duplicate_yaml_key() -> Case:
+    edit = Edit().insert_after("prompt: What is a central systems tradeoff", "    prompt: Asked twice?", within=q(8))
+    return Case(edit, [(edit.line("prompt: Asked twice?"), q(8), "prompt")], "duplicate key 'prompt'")
+
+
+def case_correct_is_not_a_boolean() -> Case:
+    edit = Edit().replace("correct: true", 'correct: "true"', within=q(1))
+    return Case(
+        edit,
+        [(edit.line('correct: "true"'), q(1), "choices[1].correct"), (edit.line("choices:", within=q(1)), q(1), "choices")],
+        "must be true or false",
+    )
+
+
+def case_why_wrong_on_the_correct_choice() -> Case:
+    edit = Edit().insert_after("correct: true", "        why_wrong: But it is right.", within=q(1))
+    return Case(edit, [(edit.line("why_wrong: But it is right."), q(1), "choices[1].why_wrong")], "cannot have a 'why_wrong'")
+
+
+def case_repeated_choice_text() -> Case:
+    edit = Edit().replace("- text: Scatter", "- text: Barrier", within=q(2))
+    second = [i for i, text in enumerate(edit.lines) if "- text: Barrier" in text][1] + 1
+    return Case(edit, [(second, q(2), "choices[4].text")], "repeats the choice")
+
+
+def case_choice_not_a_mapping() -> Case:
+    edit = Edit().delete("why_wrong: Scatter splits", within=q(2)).replace("- text: Scatter", "- Scatter", within=q(2))
+    return Case(edit, [(edit.line("- Scatter"), q(2), "choices[3]")], "must be a mapping")
+
+
+def case_question_not_a_mapping() -> Case:
+    edit = Edit()
+    edit.lines.append("  - What is a shard?\n")
+    return Case(edit, [(len(edit.lines), None, "questions")], "question #9 must be a mapping")
+
+
+def case_prompt_not_text() -> Case:
+    edit = Edit().replace("prompt: Which collective operation does FSDP use to reconstruct", "prompt: 42 #")
+    return Case(edit, [(edit.line("prompt: 42 #"), q(2), "prompt")], "must be text")
+
+
+def case_missing_deck_title() -> Case:
+    edit = Edit().delete("title: Fully Sharded Data Parallel")
+    return Case(edit, [(edit.line("id: fsdp"), None, "title")], "missing required key 'title'")
+
+
+def case_unhashable_key() -> Case:
+    edit = Edit().insert_after("- id: fsdp-what-is-sharded", "    ? [a, b]\n    : c")
+    return Case(edit, [(edit.line("? [a, b]"), None, None)], "unhashable key")
+
+
+CASES = [value for name, value in sorted(globals().items()) if name.startswith("case_")]
+
+
+def problems_of(tmp_path: Path, text: str, name: str = "fsdp.yaml") -> list[BankProblem]:
+    (tmp_path / name).write_text(text, encoding="utf-8")
+    with pytest.raises(BankError) as refused:
+        load_bank(tmp_path)
+    return refused.value.problems
+
+
+def test_the_harness_copy_itself_loads(tmp_path):
+    (tmp_path / "fsdp.yaml").write_text(Edit().text, encoding="utf-8")
+    assert [len(deck.questions) for deck in load_bank(tmp_path)] == [8]
+
+
+def test_there_are_at_least_twelve_kinds_of_malformed_file():
+    assert len(CASES) >= 12
+
+
+@pytest.mark.parametrize("make_case", CASES, ids=[c.__name__.removeprefix("case_") for c in CASES])
+def test_a_malformed_file_is_refused_naming_file_line_and_field(tmp_path, make_case):
+    case = make_case()
+    problems = problems_of(tmp_path, case.edit.text)
+    assert {p.file for p in problems} == {str(tmp_path / "fsdp.yaml")}
+    assert [(p.line, p.question_id, p.field) for p in problems] == case.expected, [str(p) for p in problems]
+    assert case.message in problems[0].message
+    assert all(p.line >= 1 for p in problems)
+
+
+def test_every_problem_in_a_file_is_reported_not_just_the_first(tmp_path):
+    edit = Edit().replace("lab: what-fsdp-shards", "lab: Bad Lab").replace('prompt: FSDP was largely', 'prompt: ""  #')
+    edit.replace("tags: [fsdp, zero, history]", "tags: [fsdp, two words]")
+    problems = problems_of(tmp_path, edit.text)
+    assert [(p.question_id, p.field) for p in problems] == [(q(1), "lab"), (q(4), "prompt"), (q(4), "tags")]
+
+
+def test_a_problem_reads_as_file_line_question_field(tmp_path):
+    problems = problems_of(tmp_path, Edit().delete("lab: reduce-scatter-backward").text)
+    path = tmp_path / "fsdp.yaml"
+    line = Edit(path).line(f"- id: {q(6)}")
+    assert str(problems[0]) == (
+        f"{path}:{line}, question {q(6)}, field 'lab': missing required key 'lab' in a question"
+    )
+    assert str(path) in str(BankError(problems))
+
+
+# --- Across files: the bank is refused as a whole --------------------------------------
+
+
+def two_decks(tmp_path: Path, zero_edit: Edit) -> tuple[Path, Path]:
+    fsdp, zero = tmp_path / "fsdp.yaml", tmp_path / "zero.yaml"
+    shutil.copy(BANK / "fsdp.yaml", fsdp)
+    zero.write_text(zero_edit.text, encoding="utf-8")
+    return fsdp, zero
+
+
+def test_one_bad_file_of_two_refuses_the_whole_bank(tmp_path):
+    fsdp, zero = two_decks(tmp_path, Edit(BANK / "zero.yaml").delete("lab: adam-optimizer-state"))
+    with pytest.raises(BankError) as refused:
+        load_bank(tmp_path)
+    assert [(p.file, p.question_id, p.field) for p in refused.value.problems] == [(str(zero), "zero-adam-state", "lab")]
+    # the good file on its own loads: only the bad one was the reason
+    assert [deck.id for deck in load_bank(fsdp)] == ["fsdp"]
+
+
+def test_duplicate_question_id_across_decks(tmp_path):
+    edit = Edit(BANK / "zero.yaml").replace("- id: zero-adam-state", f"- id: {q(5)}")
+    fsdp, zero = two_decks(tmp_path, edit)
+    with pytest.raises(BankError) as refused:
+        load_bank(tmp_path)
+    first = Edit(fsdp).line(f"- id: {q(5)}")
+    (problem,) = refused.value.problems
+    assert (problem.file, problem.line, problem.question_id, problem.field) == (str(zero), edit.line(f"- id: {q(5)}"), q(5), "id")
+    assert f"first used at {fsdp}:{first}" in problem.message
+
+
+def test_duplicate_deck_id(tmp_path):
+    edit = Edit(BANK / "zero.yaml").replace("id: zero\n", "id: fsdp\n")
+    fsdp, zero = two_decks(tmp_path, edit)
+    with pytest.raises(BankError) as refused:
+        load_bank(tmp_path)
+    (problem,) = refused.value.problems
+    assert (problem.file, problem.line, problem.question_id, problem.field) == (str(zero), edit.line("id: fsdp"), None, "id")
+    assert str(fsdp) in problem.message
+
+
+def test_an_id_retired_by_another_deck_is_not_reused(tmp_path):
+    edit = Edit(BANK / "zero.yaml").replace("retired_ids: []", f"retired_ids: [{q(5)}]")
+    fsdp, _ = two_decks(tmp_path, edit)
+    with pytest.raises(BankError) as refused:
+        load_bank(tmp_path)
+    (problem,) = refused.value.problems
+    assert (problem.file, problem.line, problem.question_id, problem.field) == (str(fsdp), Edit(fsdp).line(f"- id: {q(5)}"), q(5), "id")
+
+
+def test_a_missing_or_empty_bank_is_refused(tmp_path):
+    with pytest.raises(BankError, match="no such file"):
+        load_bank(tmp_path / "nowhere")
+    with pytest.raises(BankError, match="no deck files"):
+        load_bank(tmp_path)
+
+
+def test_an_empty_file_is_refused_at_line_1(tmp_path):
+    (problem,) = problems_of(tmp_path, "")
+    assert (problem.line, problem.field) == (1, None)
+    assert "must be a mapping" in problem.message
+
+
+def test_parse_deck_alone_refuses_duplicate_ids():
+    # parse_deck is what validates a single file (e.g. an imported quiz): it must not need load_bank
+    edit = Edit().replace(f"- id: {q(2)}", f"- id: {q(1)}")
+    deck, problems = parse_deck(edit.text, "one.yaml")
+    assert deck is None
+    assert [(p.question_id, p.field) for p in problems] == [(q(1), "id")]
+
+
+def test_parse_deck_accepts_a_valid_deck():
+    deck, problems = parse_deck(Edit().text, "fsdp.yaml")
+    assert problems == [] and deck is not None
+    assert (deck.id, deck.path, deck.line, len(deck.questions)) == ("fsdp", "fsdp.yaml", Edit().line("id: fsdp"), 8)
+    assert deck.questions[0].line == Edit().line(f"- id: {q(1)}")
