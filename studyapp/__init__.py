@@ -1,0 +1,68 @@
+"""The study app: `create_app()` builds it; each module's `init_app` wires its own part."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from flask import Flask
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DATABASE_URL_ENV = "STUDYAPP_DATABASE_URL"
+SECRET_KEY_FILE = "secret_key"
+
+DEFAULTS: dict[str, Any] = {
+    "NEW_CARDS_PER_DAY": 20,
+    "REVIEWS_PER_DAY": 200,
+    "DAY_START_HOUR": 4,  # a late-night session still counts for the evening's day (Anki's default)
+    "TIMEZONE": None,  # IANA name; None: the machine's local zone
+    "BANK_PATH": str(REPO_ROOT / "bank"),
+    "EXPORTS_DIR": str(REPO_ROOT / "exports"),
+    "HOST": "127.0.0.1",  # never listen on other interfaces unless asked
+    "PORT": 5000,
+    # The clock the views use: tests pass a fixed one to step through study days.
+    "CLOCK": lambda: datetime.now(timezone.utc),
+}
+
+
+def _install_secret_key(instance_path: str) -> str:
+    """A random key made once per install and kept in the instance folder (never in the repo)."""
+    path = os.path.join(instance_path, SECRET_KEY_FILE)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        with open(path, encoding="ascii") as existing:
+            return existing.read().strip()
+    with os.fdopen(fd, "w", encoding="ascii") as new:
+        key = secrets.token_hex(32)
+        new.write(key)
+    return key
+
+
+def create_app(config: dict[str, Any] | None = None, *, instance_path: str | None = None) -> Flask:
+    """Build the app. Config layers: defaults, then instance/config.py, then the
+    STUDYAPP_DATABASE_URL environment variable, then `config` (what tests pass)."""
+    app = Flask(__name__, instance_relative_config=True, instance_path=instance_path)
+    os.makedirs(app.instance_path, exist_ok=True)
+    app.config.from_mapping(DEFAULTS)
+    app.config["DATABASE_URL"] = "sqlite:///" + os.path.join(app.instance_path, "studyapp.sqlite3")
+    app.config.from_pyfile("config.py", silent=True)
+    if os.environ.get(DATABASE_URL_ENV):
+        app.config["DATABASE_URL"] = os.environ[DATABASE_URL_ENV]
+    if config:
+        app.config.update(config)
+    if not app.config.get("SECRET_KEY"):
+        app.config["SECRET_KEY"] = _install_secret_key(app.instance_path)
+
+    from studyapp import cli, csrf, db, views
+    from studyapp.study import StudySettings
+
+    StudySettings.from_config(app.config)  # refuse bad limits, hour or zone now, not mid-review
+    db.init_app(app)
+    csrf.init_app(app)
+    views.init_app(app)
+    cli.init_app(app)
+    return app

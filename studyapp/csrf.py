@@ -1,0 +1,41 @@
+"""CSRF protection for every state-changing request.
+
+One random token per browser session. Forms send it as the hidden field `csrf_token`
+(templates call `csrf_token()`); JSON clients send it in the `X-CSRF-Token` header
+(pages expose it in `<meta name="csrf-token">`).
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+
+from flask import Flask, abort, request, session
+
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+FORM_FIELD = "csrf_token"
+HEADER = "X-CSRF-Token"
+_SESSION_KEY = "csrf_token"
+
+
+def csrf_token() -> str:
+    """The session's token, created on first use."""
+    token = session.get(_SESSION_KEY)
+    if not isinstance(token, str) or not token:
+        token = secrets.token_urlsafe(32)
+        session[_SESSION_KEY] = token
+    return token
+
+
+def check_csrf() -> None:
+    if request.method in SAFE_METHODS:
+        return
+    expected = session.get(_SESSION_KEY)
+    sent = request.headers.get(HEADER) or request.form.get(FORM_FIELD)
+    if not isinstance(expected, str) or not sent or not hmac.compare_digest(sent.encode(), expected.encode()):
+        abort(400, description="The form's CSRF token is missing or out of date: reload the page and try again.")
+
+
+def init_app(app: Flask) -> None:
+    app.before_request(check_csrf)
+    app.jinja_env.globals["csrf_token"] = csrf_token

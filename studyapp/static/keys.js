@@ -1,0 +1,38 @@
+// Keyboard shortcuts for every page: pressing a key activates the element whose data-key
+// names it (radio buttons get checked, buttons and links clicked). On a form marked
+// data-enter-submits, Enter submits once a choice is checked. Plain JS, no library.
+(function () {
+  "use strict";
+  let submitted = false;
+
+  function typingIn(element) {
+    if (!element || !element.tagName) return false;
+    if (element.isContentEditable || element.tagName === "TEXTAREA" || element.tagName === "SELECT") return true;
+    return element.tagName === "INPUT" && !["radio", "checkbox", "button", "submit"].includes(element.type);
+  }
+
+  document.addEventListener("submit", function () { submitted = true; });
+
+  document.addEventListener("keydown", function (event) {
+    if (event.ctrlKey || event.metaKey || event.altKey || typingIn(event.target)) return;
+    if (submitted) { event.preventDefault(); return; }  // one answer per page: no double grades
+    if (event.key === "Enter") {
+      if (event.target.tagName === "BUTTON" || event.target.tagName === "A") return;  // their own Enter
+      const form = document.querySelector("form[data-enter-submits]");
+      if (form && form.querySelector("input[type=radio]:checked")) {
+        event.preventDefault();
+        form.requestSubmit();
+      }
+      return;
+    }
+    const element = document.querySelector('[data-key="' + CSS.escape(event.key) + '"]');
+    if (!element) return;
+    event.preventDefault();
+    if (element.type === "radio") {
+      element.checked = true;
+      element.focus();
+    } else {
+      element.click();
+    }
+  });
+})();

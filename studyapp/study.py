@@ -1,0 +1,368 @@
+"""The daily review: which card comes next, grading it, and undoing the last grade.
+
+A thin layer over `sm2`: the pure parts (study day, choice order, the schedule a grade
+leads to) take their time as an argument; the rest reads and writes through a session
+passed in. Every grade appends a ReviewLog row holding the card's schedule before and
+after, so undo restores a card exactly and the log always replays to the card's state.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta, timezone
+from typing import Any
+from zoneinfo import ZoneInfo
+
+from sqlalchemy import func, update
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlmodel import Session, select
+
+from studyapp import sm2
+from studyapp.models import Card, ReviewLog
+
+CORRECT_QUALITIES = (3, 4, 5)
+WRONG_QUALITIES = (0, 1, 2)
+
+
+@dataclass(frozen=True)
+class StudySettings:
+    new_per_day: int = 20  # new cards introduced per study day
+    reviews_per_day: int = 200  # first-pass reviews of due cards per study day
+    day_start_hour: int = 4  # the study day rolls over at this local hour (Anki's default)
+    timezone: str | None = None  # IANA name such as "Europe/Berlin"; None: the system's own
+
+    @classmethod
+    def from_config(cls, config: Any) -> StudySettings:
+        return cls(
+            new_per_day=int(config["NEW_CARDS_PER_DAY"]),
+            reviews_per_day=int(config["REVIEWS_PER_DAY"]),
+            day_start_hour=int(config["DAY_START_HOUR"]),
+            timezone=config.get("TIMEZONE") or None,
+        )
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.day_start_hour <= 23:
+            raise ValueError(f"DAY_START_HOUR must be 0..23, got {self.day_start_hour}")
+        if self.new_per_day < 0 or self.reviews_per_day < 0:
+            raise ValueError("daily limits cannot be negative")
+        if self.timezone:
+            ZoneInfo(self.timezone)  # raises for an unknown zone name at start-up, not mid-review
+
+
+class ReviewRejected(ValueError):
+    """A grade that cannot be applied; the message says why. `status` is the HTTP status."""
+
+    status = 400
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+class ReviewConflict(ReviewRejected):
+    """The card changed after it was shown (another tab, a concurrent undo)."""
+
+    def __init__(self, message: str = "this card changed since it was shown (another tab?); reload and try again"):
+        super().__init__(message, status=409)
+
+
+# --- Pure parts -------------------------------------------------------------------------
+
+
+def as_utc(now: datetime) -> datetime:
+    """The form stored in the database: aware UTC. Refuses naive input, whose zone is a guess."""
+    if now.tzinfo is None:
+        raise ValueError("a time must be timezone-aware")
+    return now.astimezone(timezone.utc)
+
+
+def study_day(now: datetime, settings: StudySettings) -> date:
+    """The learner's study day at `now`: the local date, rolling over at `day_start_hour`."""
+    if now.tzinfo is None:
+        raise ValueError("a time must be timezone-aware")
+    local = now.astimezone(ZoneInfo(settings.timezone)) if settings.timezone else now.astimezone()
+    return (local.replace(tzinfo=None) - timedelta(hours=settings.day_start_hour)).date()
+
+
+def choice_order(card_id: int, day: date, count: int) -> list[int]:
+    """Choice indices in display order: shuffled, but the same for a card all day (reloads agree)."""
+    order = list(range(count))
+    random.Random(f"{card_id}:{day.isoformat()}").shuffle(order)
+    return order
+
+
+def allowed_qualities(correct: bool) -> tuple[int, ...]:
+    """A right answer is graded 3..5, a wrong one 0..2 (SM-2's passing line)."""
+    return CORRECT_QUALITIES if correct else WRONG_QUALITIES
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The part of a card a grade changes."""
+
+    repetitions: int
+    easiness: float
+    interval: int
+    due_day: date | None
+    repeat_day: date | None
+
+    @classmethod
+    def of(cls, card: Card) -> Schedule:
+        return cls(card.repetitions, card.easiness, card.interval, card.due_day, card.repeat_day)
+
+    @property
+    def state(self) -> sm2.SM2State:
+        return sm2.SM2State(self.repetitions, self.easiness, self.interval)
+
+
+def schedule_after(before: Schedule, quality: int, is_repeat: bool, today: date) -> Schedule:
+    """The schedule a grade leads to. A step-7 repeat only decides whether it comes back today."""
+    repeat_day = today if sm2.needs_same_day_repeat(quality) else None
+    if is_repeat:
+        if not 0 <= quality <= 5:
+            raise ValueError(f"quality must be an integer from 0 to 5, got {quality!r}")
+        return Schedule(before.repetitions, before.easiness, before.interval, before.due_day, repeat_day)
+    state = sm2.review(before.state, quality)
+    return Schedule(state.repetitions, state.easiness, state.interval, today + timedelta(days=state.interval), repeat_day)
+
+
+@dataclass(frozen=True)
+class GradeOption:
+    quality: int
+    wording: str
+    interval: int  # days until the card is next due
+    again_today: bool  # step 7 brings it back this session
+
+
+def grade_options(card: Card, correct: bool, today: date) -> list[GradeOption]:
+    """The grades open to this answer, each with the interval it leads to."""
+    is_repeat = card.repeat_day == today
+    options = []
+    for quality in allowed_qualities(correct):
+        after = schedule_after(Schedule.of(card), quality, is_repeat, today)
+        options.append(GradeOption(quality, sm2.QUALITY_WORDING[quality], after.interval, after.repeat_day == today))
+    return options
+
+
+def is_up_today(card: Card, today: date) -> bool:
+    """Whether the card may be graded today: new, due, or waiting for its step-7 repeat."""
+    if card.retired:
+        return False
+    return card.repeat_day == today or card.due_day is None or card.due_day <= today
+
+
+# --- The queue --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DayProgress:
+    reviews_done: int  # first-pass reviews of cards seen before
+    new_done: int  # new cards introduced
+    repeats_done: int  # step-7 repeats
+
+
+def day_progress(session: Session, today: date) -> DayProgress:
+    rows = session.exec(
+        select(ReviewLog.is_repeat, ReviewLog.was_new, func.count())
+        .where(ReviewLog.study_day == today, ReviewLog.undone_at.is_(None))
+        .group_by(ReviewLog.is_repeat, ReviewLog.was_new)
+    ).all()
+    reviews = new = repeats = 0
+    for is_repeat, was_new, count in rows:
+        if is_repeat:
+            repeats += count
+        elif was_new:
+            new += count
+        else:
+            reviews += count
+    return DayProgress(reviews, new, repeats)
+
+
+def _live(deck_id: str | None):
+    query = select(Card).where(Card.retired.is_(False))
+    return query.where(Card.deck_id == deck_id) if deck_id else query
+
+
+def next_card(session: Session, now: datetime, settings: StudySettings, deck_id: str | None = None) -> Card | None:
+    """The next card to show: due reviews, then new cards (each within its daily limit),
+    then the day's step-7 repeats. Each is one index range lookup."""
+    today = study_day(now, settings)
+    progress = day_progress(session, today)
+    if progress.reviews_done < settings.reviews_per_day:
+        card = session.exec(
+            _live(deck_id).where(Card.due_day.is_not(None), Card.due_day <= today).order_by(Card.due_day, Card.position).limit(1)
+        ).first()
+        if card:
+            return card
+    if progress.new_done < settings.new_per_day:
+        card = session.exec(_live(deck_id).where(Card.due_day.is_(None)).order_by(Card.position).limit(1)).first()
+        if card:
+            return card
+    repeats = select(Card).where(Card.repeat_day == today, Card.retired.is_(False))
+    if deck_id:
+        repeats = repeats.where(Card.deck_id == deck_id)
+    return session.exec(repeats.order_by(Card.last_reviewed_at).limit(1)).first()
+
+
+# --- Grading and undo -------------------------------------------------------------------
+
+
+def submission_id(card_id: int, version: int) -> str:
+    """One answer to one showing of a card: two tabs or a retry of the same showing share it."""
+    return f"card{card_id}-v{version}"
+
+
+@dataclass(frozen=True)
+class GradeResult:
+    log: ReviewLog
+    duplicate: bool  # the same submission was already recorded; nothing changed
+
+
+def _find_submission(session: Session, sid: str) -> ReviewLog | None:
+    return session.exec(select(ReviewLog).where(ReviewLog.submission_id == sid)).first()
+
+
+def grade(
+    session: Session,
+    *,
+    card_id: int,
+    version: int,
+    choice: int,
+    quality: int,
+    now: datetime,
+    settings: StudySettings,
+) -> GradeResult:
+    """Record the learner's answer `choice` and grade `quality` for the card as shown at `version`.
+
+    The server decides correctness from the choice; a wrong answer takes 0..2, a right one 3..5.
+    Submitting the same showing again returns the first result and changes nothing.
+    """
+    sid = submission_id(card_id, version)
+    if existing := _find_submission(session, sid):
+        return GradeResult(existing, duplicate=True)
+    card = session.get(Card, card_id)
+    if card is None:
+        raise ReviewRejected(f"there is no card {card_id}", status=404)
+    if card.version != version:
+        raise ReviewConflict()
+    if not 0 <= choice < len(card.choices):
+        raise ReviewRejected(f"choice must be from 0 to {len(card.choices) - 1}, got {choice}")
+    correct = choice == card.answer
+    if quality not in allowed_qualities(correct):
+        allowed = allowed_qualities(correct)
+        raise ReviewRejected(
+            f"a {'right' if correct else 'wrong'} answer is graded {allowed[0]} to {allowed[-1]}, got {quality}"
+        )
+    today = study_day(now, settings)
+    if not is_up_today(card, today):
+        why = "is retired" if card.retired else f"is not due until {card.due_day}"
+        raise ReviewRejected(f"card {card.question_id} {why}")
+
+    is_repeat = card.repeat_day == today
+    before = Schedule.of(card)
+    after = schedule_after(before, quality, is_repeat, today)
+    reviewed_at = as_utc(now)
+    log = ReviewLog(
+        card_id=card_id,
+        submission_id=sid,
+        reviewed_at=reviewed_at,
+        study_day=today,
+        quality=quality,
+        choice=choice,
+        correct=correct,
+        is_repeat=is_repeat,
+        was_new=card.is_new and not is_repeat,
+        before_repetitions=before.repetitions,
+        before_easiness=before.easiness,
+        before_interval=before.interval,
+        before_due_day=before.due_day,
+        before_repeat_day=before.repeat_day,
+        before_last_reviewed_at=card.last_reviewed_at,
+        after_repetitions=after.repetitions,
+        after_easiness=after.easiness,
+        after_interval=after.interval,
+        after_due_day=after.due_day,
+        after_repeat_day=after.repeat_day,
+    )
+    try:
+        changed = session.execute(
+            update(Card)
+            .where(Card.id == card_id, Card.version == version)
+            .values(
+                repetitions=after.repetitions,
+                easiness=after.easiness,
+                interval=after.interval,
+                due_day=after.due_day,
+                repeat_day=after.repeat_day,
+                last_reviewed_at=reviewed_at,
+                version=version + 1,
+            )
+        ).rowcount
+        if changed != 1:
+            raise ReviewConflict()
+        session.add(log)
+        session.commit()
+    except (ReviewConflict, IntegrityError, OperationalError):
+        # Lost a race: if it was against this same submission, that one counts.
+        session.rollback()
+        if existing := _find_submission(session, sid):
+            return GradeResult(existing, duplicate=True)
+        raise ReviewConflict() from None
+    finally:
+        session.expire_all()
+    return GradeResult(log, duplicate=False)
+
+
+def last_live_review(session: Session) -> ReviewLog | None:
+    return session.exec(select(ReviewLog).where(ReviewLog.undone_at.is_(None)).order_by(ReviewLog.id.desc()).limit(1)).first()
+
+
+def undo_last(session: Session, now: datetime) -> ReviewLog | None:
+    """Undo the latest review not yet undone: its card gets its schedule back exactly and the
+    log row is marked undone (never deleted). Returns that row, or None when there is none."""
+    log = last_live_review(session)
+    if log is None:
+        return None
+    card = session.get(Card, log.card_id)
+    newer = session.exec(
+        select(ReviewLog.id).where(ReviewLog.card_id == log.card_id, ReviewLog.undone_at.is_(None), ReviewLog.id > log.id)
+    ).first()
+    if card is None or newer is not None:
+        raise ReviewConflict("another review arrived meanwhile; reload and try again")
+    try:
+        changed = session.execute(
+            update(Card)
+            .where(Card.id == card.id, Card.version == card.version)
+            .values(
+                repetitions=log.before_repetitions,
+                easiness=log.before_easiness,
+                interval=log.before_interval,
+                due_day=log.before_due_day,
+                repeat_day=log.before_repeat_day,
+                last_reviewed_at=log.before_last_reviewed_at,
+                version=card.version + 1,
+            )
+        ).rowcount
+        marked = session.execute(
+            update(ReviewLog).where(ReviewLog.id == log.id, ReviewLog.undone_at.is_(None)).values(undone_at=as_utc(now))
+        ).rowcount
+        if changed != 1 or marked != 1:
+            raise ReviewConflict("another review or undo arrived meanwhile; reload and try again")
+        session.commit()
+    except (ReviewConflict, OperationalError):
+        session.rollback()
+        raise ReviewConflict("another review or undo arrived meanwhile; reload and try again") from None
+    finally:
+        session.expire_all()
+    return session.get(ReviewLog, log.id)
+
+
+def replayed_schedule(session: Session, card_id: int) -> sm2.SM2State:
+    """The state a card's live, non-repeat review log replays to (what its state must equal)."""
+    qualities = session.exec(
+        select(ReviewLog.quality)
+        .where(ReviewLog.card_id == card_id, ReviewLog.undone_at.is_(None), ReviewLog.is_repeat.is_(False))
+        .order_by(ReviewLog.id)
+    ).all()
+    return sm2.replay(list(qualities))

@@ -1,0 +1,113 @@
+"""Bank → database, idempotent: run it as often as you like.
+
+New questions become new cards; edited questions update their card's content and keep its
+progress; questions gone from the bank are retired (out of reviews) with their history kept,
+and come back with it if their id returns. The whole bank is loaded and validated before
+the database is touched, so a bad bank (BankError) changes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, select
+
+from studyapp.bank import Deck as BankDeck
+from studyapp.bank import Question, load_bank
+from studyapp.models import Card, Deck
+
+
+@dataclass
+class SyncReport:
+    added: list[str] = field(default_factory=list)  # question ids
+    updated: list[str] = field(default_factory=list)
+    retired: list[str] = field(default_factory=list)
+    restored: list[str] = field(default_factory=list)
+    unchanged: int = 0
+    decks: int = 0
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.added or self.updated or self.retired or self.restored)
+
+    def summary(self) -> str:
+        return (
+            f"{self.decks} decks: {len(self.added)} added, {len(self.updated)} updated, "
+            f"{len(self.retired)} retired, {len(self.restored)} restored, {self.unchanged} unchanged"
+        )
+
+
+def _copy_content(card: Card, question: Question, position: int) -> None:
+    card.deck_id = question.deck_id
+    card.position = position
+    card.prompt = question.prompt
+    card.choices = list(question.choices)
+    card.answer = question.answer
+    card.explanation = question.explanation
+    card.why_wrong = list(question.why_wrong)
+    card.lab = question.lab
+    card.tags = list(question.tags)
+    card.content_hash = question.content_hash()
+
+
+def sync_decks(session: Session, bank: list[BankDeck]) -> SyncReport:
+    """Make the database match `bank` (already validated) in one transaction."""
+    report = SyncReport(decks=len(bank))
+    decks = {deck.id: deck for deck in session.exec(select(Deck)).all()}
+    cards = {card.question_id: card for card in session.exec(select(Card)).all()}
+    in_bank: set[str] = set()
+    position = 0
+
+    for deck_position, bank_deck in enumerate(bank):
+        deck = decks.get(bank_deck.id) or Deck(id=bank_deck.id, title=bank_deck.title)
+        deck.title, deck.description = bank_deck.title, bank_deck.description
+        deck.position, deck.retired = deck_position, False
+        session.add(deck)
+    session.flush()  # decks before the cards that reference them
+
+    for bank_deck in bank:
+        for question in bank_deck.questions:
+            in_bank.add(question.id)
+            card = cards.get(question.id)
+            if card is None:
+                card = Card(question_id=question.id, choices=[], why_wrong=[], tags=[], prompt="", answer=0,
+                            explanation="", lab="", content_hash="")
+                _copy_content(card, question, position)
+                report.added.append(question.id)
+            elif card.content_hash != question.content_hash() or card.position != position or card.retired:
+                if card.retired:
+                    report.restored.append(question.id)
+                elif card.content_hash != question.content_hash():
+                    report.updated.append(question.id)
+                else:
+                    report.unchanged += 1
+                _copy_content(card, question, position)
+                card.retired = False
+                card.version += 1  # an answer to the old text must not be graded against the new
+            else:
+                report.unchanged += 1
+            session.add(card)
+            position += 1
+
+    bank_deck_ids = {deck.id for deck in bank}
+    for deck in decks.values():
+        if deck.id not in bank_deck_ids and not deck.retired:
+            deck.retired = True
+            session.add(deck)
+    for card in cards.values():
+        if card.question_id not in in_bank and not card.retired:
+            card.retired = True
+            card.version += 1
+            report.retired.append(card.question_id)
+            session.add(card)
+    session.commit()
+    return report
+
+
+def sync_bank(engine: Engine, path: str | Path | None = None) -> SyncReport:
+    """Load the bank at `path` (default bank/) and sync it. Raises BankError before any write."""
+    bank = load_bank(path)
+    with Session(engine) as session:
+        return sync_decks(session, bank)

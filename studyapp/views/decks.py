@@ -1,0 +1,48 @@
+"""A deck's card list and each question's own page."""
+
+from __future__ import annotations
+
+from flask import Blueprint, abort, render_template
+from sqlmodel import select
+
+from sharding_lab.catalog import lab_info
+from studyapp.db import get_session
+from studyapp.models import Card, Deck, ReviewLog
+from studyapp.views import clock
+from studyapp.views.exports import available_exports
+
+bp = Blueprint("decks", __name__)
+
+
+@bp.get("/decks/<deck_id>")
+def deck(deck_id: str):
+    session = get_session()
+    found = session.get(Deck, deck_id)
+    if found is None:
+        abort(404, description=f"There is no deck '{deck_id[:60]}'.")
+    cards = session.exec(select(Card).where(Card.deck_id == deck_id).order_by(Card.retired, Card.position)).all()
+    return render_template(
+        "decks/deck.html",
+        deck=found,
+        cards=cards,
+        today=clock.today(),
+        lab_info=lab_info,
+        exports=available_exports(),
+    )
+
+
+@bp.get("/questions/<question_id>")
+def question(question_id: str):
+    session = get_session()
+    card = session.exec(select(Card).where(Card.question_id == question_id)).first()
+    if card is None:
+        abort(404, description=f"There is no question '{question_id[:60]}'.")
+    history = session.exec(select(ReviewLog).where(ReviewLog.card_id == card.id).order_by(ReviewLog.id.desc())).all()
+    return render_template(
+        "decks/question.html",
+        card=card,
+        deck=session.get(Deck, card.deck_id),
+        history=history,
+        lab=lab_info(card.lab),
+        today=clock.today(),
+    )

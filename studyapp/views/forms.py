@@ -1,0 +1,20 @@
+"""Reading form fields strictly: anything malformed is a 400 that names the field."""
+
+from __future__ import annotations
+
+from flask import abort, request
+
+MAX_ID = 2**31 - 1  # fits every database's INTEGER column
+
+
+def form_int(name: str, minimum: int = 0, maximum: int = MAX_ID) -> int:
+    raw = request.form.get(name)
+    if raw is None or raw.strip() == "":
+        abort(400, description=f"The form field '{name}' is missing.")
+    raw = raw.strip()
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 12:
+        abort(400, description=f"The form field '{name}' must be a whole number, got {raw[:40]!r}.")
+    value = int(raw)
+    if not minimum <= value <= maximum:
+        abort(400, description=f"The form field '{name}' must be from {minimum} to {maximum}, got {value}.")
+    return value

@@ -1,0 +1,141 @@
+"""The daily review: show the next card, check the answer, grade it, undo."""
+
+from __future__ import annotations
+
+from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
+
+from sharding_lab.catalog import lab_info
+from studyapp.db import get_session
+from studyapp.models import Card, Deck
+from studyapp.study import (
+    ReviewRejected,
+    choice_order,
+    day_progress,
+    grade,
+    grade_options,
+    is_up_today,
+    last_live_review,
+    next_card,
+    undo_last,
+)
+from studyapp.views import clock
+from studyapp.views.forms import form_int
+
+bp = Blueprint("study", __name__, url_prefix="/study")
+
+
+def _deck_filter(raw: str | None) -> Deck | None:
+    """The deck a session is limited to (`?deck=` or the form's `deck`), or None for all decks."""
+    if not raw:
+        return None
+    deck = get_session().get(Deck, raw)
+    if deck is None or deck.retired:
+        abort(404, description=f"There is no deck '{raw[:60]}'.")
+    return deck
+
+
+def _study_url(deck: Deck | None, card_id: int | None = None) -> str:
+    return url_for("study.show", deck=deck.id if deck else None, card=card_id)
+
+
+def _requested_card(raw: str | None) -> Card | None:
+    """`?card=ID` (after an undo) shows that card again, if it is up today."""
+    if not raw or not raw.isdigit() or len(raw) > 12:
+        return None
+    card = get_session().get(Card, int(raw))
+    return card if card is not None and is_up_today(card, clock.today()) else None
+
+
+@bp.get("")
+def show():
+    deck = _deck_filter(request.args.get("deck"))
+    session = get_session()
+    settings, now = clock.settings(), clock.now()
+    today = clock.today()
+    card = _requested_card(request.args.get("card")) or next_card(session, now, settings, deck.id if deck else None)
+    progress = day_progress(session, today)
+    can_undo = last_live_review(session) is not None
+    if card is None:
+        return render_template("study/done.html", deck=deck, progress=progress, settings=settings, can_undo=can_undo)
+    order = choice_order(card.id, today, len(card.choices))
+    return render_template(
+        "study/question.html",
+        deck=deck,
+        card=card,
+        choices=[(index, card.choices[index]) for index in order],
+        is_repeat=card.repeat_day == today,
+        progress=progress,
+        settings=settings,
+        can_undo=can_undo,
+    )
+
+
+def _shown_card() -> tuple[Card, int]:
+    """The card the form answers and the version it was shown at."""
+    card = get_session().get(Card, form_int("card_id"))
+    if card is None:
+        abort(404, description="That card does not exist.")
+    return card, form_int("version")
+
+
+@bp.post("/answer")
+def answer():
+    deck = _deck_filter(request.form.get("deck"))
+    card, version = _shown_card()
+    if card.version != version:
+        flash("That card changed since it was shown (another tab?), so here is the current one.")
+        return redirect(_study_url(deck))
+    choice = form_int("choice", 0, len(card.choices) - 1)
+    today = clock.today()
+    correct = choice == card.answer
+    order = choice_order(card.id, today, len(card.choices))
+    return render_template(
+        "study/answer.html",
+        deck=deck,
+        card=card,
+        version=version,
+        choice=choice,
+        correct=correct,
+        choices=[(index, card.choices[index]) for index in order],
+        options=grade_options(card, correct, today),
+        lab=lab_info(card.lab),
+        is_repeat=card.repeat_day == today,
+    )
+
+
+@bp.post("/grade")
+def submit_grade():
+    deck = _deck_filter(request.form.get("deck"))
+    card_id = form_int("card_id")
+    try:
+        result = grade(
+            get_session(),
+            card_id=card_id,
+            version=form_int("version"),
+            choice=form_int("choice", 0, 99),
+            quality=form_int("quality", 0, 5),
+            now=clock.now(),
+            settings=clock.settings(),
+        )
+    except ReviewRejected as rejected:
+        abort(rejected.status, description=str(rejected))
+    if result.duplicate:
+        flash("That answer was already recorded; it counts once.")
+    return redirect(_study_url(deck))
+
+
+@bp.post("/undo")
+def undo():
+    deck = _deck_filter(request.form.get("deck"))
+    session = get_session()
+    try:
+        undone = undo_last(session, clock.now())
+    except ReviewRejected as rejected:
+        abort(rejected.status, description=str(rejected))
+    if undone is None:
+        flash("There is no review to undo.")
+    else:
+        card = session.get(Card, undone.card_id)
+        flash(f"Undid your grade {undone.quality} for “{card.prompt}”: the card is back as it was.")
+        return redirect(_study_url(deck, undone.card_id))
+    return redirect(_study_url(deck))

@@ -1,0 +1,225 @@
+"""Fixtures: an app with a fresh database per test (SQLite, and PostgreSQL when
+STUDYAPP_TEST_POSTGRES_URL is set), a small bank of its own, a settable clock, the test
+client and CLI runner, a live server, and Playwright driving Debian's Chromium."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from sqlalchemy import MetaData, create_engine
+from werkzeug.serving import make_server
+
+from studyapp import create_app
+from studyapp.db import get_engine
+from studyapp.sync import sync_bank
+
+POSTGRES_URL_ENV = "STUDYAPP_TEST_POSTGRES_URL"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+# Two small decks written for the tests, so they do not depend on the real bank's wording.
+ALPHA_DECK = """\
+id: alpha
+title: Alpha deck
+questions:
+  - id: alpha-shards
+    prompt: What does FSDP shard that DDP replicates?
+    choices:
+      - text: Parameters, gradients and optimizer states
+        correct: true
+      - text: Only the input batches
+        why_wrong: Every data-parallel method splits the batch.
+      - text: Only the learning rate schedule
+        why_wrong: A schedule is a few scalars, nothing to shard.
+      - text: The dataset files on disk
+        why_wrong: Files on disk are not GPU memory.
+    explanation: FSDP keeps 1/N of every model state per rank.
+    lab: what-fsdp-shards
+    tags: [fsdp]
+  - id: alpha-gather
+    prompt: Which collective rebuilds a layer's full weights before it runs?
+    choices:
+      - text: Broadcast-only
+        why_wrong: One sender cannot rebuild shards held by everyone.
+      - text: All-gather
+        correct: true
+      - text: Scatter
+        why_wrong: Scatter splits data up; it does not gather it.
+      - text: Barrier
+        why_wrong: A barrier moves no data.
+    explanation: Each rank contributes its shard and receives all others.
+    lab: allgather-before-layer
+    tags: [fsdp]
+  - id: alpha-free
+    prompt: Why are gathered weights freed after a layer runs?
+    choices:
+      - text: To corrupt unused gradients
+        why_wrong: Nothing is corrupted.
+      - text: To keep only one shard per device between layers
+        correct: true
+    explanation: Only the shard stays resident.
+    lab: reshard-after-forward
+    tags: [fsdp]
+"""
+
+BETA_DECK = """\
+id: beta
+title: Beta deck
+questions:
+  - id: beta-adam
+    prompt: Why is Adam's optimizer state large?
+    choices:
+      - text: It keeps two extra values per parameter
+        correct: true
+      - text: It stores no state
+        why_wrong: Adam keeps momentum and variance.
+    explanation: Momentum and variance, each fp32.
+    lab: adam-optimizer-state
+    tags: [zero]
+  - id: beta-stage3
+    prompt: What does ZeRO stage 3 shard that stages 1 and 2 do not?
+    choices:
+      - text: The training data
+        why_wrong: Data is split by any data parallelism.
+      - text: The model parameters
+        correct: true
+    explanation: Stage 3 shards the parameters themselves.
+    lab: stage3-shards-params
+    tags: [zero]
+"""
+
+T0 = datetime(2026, 3, 2, 12, 0, tzinfo=timezone.utc)  # noon UTC on a Monday
+
+
+class Clock:
+    """A settable clock for the app's CLOCK config: tests step through study days with it."""
+
+    def __init__(self, now: datetime = T0):
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, **delta: float) -> None:
+        self.now += timedelta(**delta)
+
+
+def write_bank(folder: Path, decks: dict[str, str] | None = None) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.yaml"):
+        old.unlink()
+    for name, text in (decks or {"alpha": ALPHA_DECK, "beta": BETA_DECK}).items():
+        (folder / f"{name}.yaml").write_text(text, encoding="utf-8")
+    return folder
+
+
+def _empty_postgres(url: str) -> None:
+    """Drop every table, so each test starts from an empty database."""
+    engine = create_engine(url)
+    try:
+        metadata = MetaData()
+        metadata.reflect(engine)
+        metadata.drop_all(engine)
+    finally:
+        engine.dispose()
+
+
+DATABASES = ["sqlite"] + (["postgresql"] if os.environ.get(POSTGRES_URL_ENV) else [])
+
+
+@pytest.fixture(params=DATABASES)
+def database_url(request, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'test.sqlite3'}"
+    url = os.environ[POSTGRES_URL_ENV]
+    _empty_postgres(url)
+    return url
+
+
+@pytest.fixture
+def bank_dir(tmp_path: Path) -> Path:
+    return write_bank(tmp_path / "bank")
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def app_config(database_url: str, bank_dir: Path, tmp_path: Path, clock: Clock) -> dict:
+    return {
+        "TESTING": True,
+        "DATABASE_URL": database_url,
+        "SECRET_KEY": "test-secret",
+        "BANK_PATH": str(bank_dir),
+        "EXPORTS_DIR": str(tmp_path / "exports"),
+        "TIMEZONE": "UTC",
+        "DAY_START_HOUR": 4,
+        "CLOCK": clock,
+    }
+
+
+@pytest.fixture
+def app(app_config: dict, tmp_path: Path, bank_dir: Path):
+    app = create_app(app_config, instance_path=str(tmp_path / "instance"))
+    sync_bank(get_engine(app), bank_dir)
+    yield app
+    get_engine(app).dispose()
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+@pytest.fixture
+def runner(app):
+    return app.test_cli_runner()
+
+
+def csrf_token_of(client) -> str:
+    """The client's session CSRF token, as a page would embed it."""
+    html = client.get("/").get_data(as_text=True)
+    return re.search(r'<meta name="csrf-token" content="([^"]+)">', html).group(1)
+
+
+@pytest.fixture
+def csrf_token(client) -> str:
+    return csrf_token_of(client)
+
+
+@pytest.fixture
+def live_server(app) -> Iterator[str]:
+    """The app on a real HTTP server in a thread (127.0.0.1, a free port); yields its base URL."""
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    thread.join(timeout=5)
+
+
+@pytest.fixture(scope="session")
+def browser_type_launch_args(browser_type_launch_args: dict) -> dict:
+    """Playwright cannot download its own browser here: use Debian's Chromium.
+    Without it a browser test skips, except under CI=true, where it fails."""
+    if not os.access(CHROMIUM, os.X_OK):
+        message = f"Chromium not found at {CHROMIUM} (apt-get install chromium)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{message}; CI=true, so browser tests must run", pytrace=False)
+        pytest.skip(message)
+    return {**browser_type_launch_args, "executable_path": CHROMIUM, "args": CHROMIUM_ARGS}

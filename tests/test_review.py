@@ -1,0 +1,296 @@
+"""The review service (studyapp.study): queue, limits, day rollover, grading, step 7, undo."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import date, datetime, timedelta, timezone
+
+import pytest
+from conftest import T0
+from sqlmodel import Session, select
+
+from studyapp import sm2
+from studyapp.db import get_engine
+from studyapp.models import Card, ReviewLog
+from studyapp.study import (
+    ReviewConflict,
+    ReviewRejected,
+    Schedule,
+    StudySettings,
+    allowed_qualities,
+    choice_order,
+    day_progress,
+    grade,
+    grade_options,
+    next_card,
+    replayed_schedule,
+    schedule_after,
+    study_day,
+    undo_last,
+)
+
+UTC_SETTINGS = StudySettings(timezone="UTC", day_start_hour=4)
+
+
+@pytest.fixture
+def session(app):
+    with Session(get_engine(app)) as session:
+        yield session
+
+
+def card_by_qid(session: Session, qid: str) -> Card:
+    card = session.exec(select(Card).where(Card.question_id == qid)).one()
+    session.refresh(card)
+    return card
+
+
+def answer(session: Session, card: Card, *, right: bool, quality: int, now: datetime = T0, settings=UTC_SETTINGS):
+    """Grade `card` as currently stored, answering right or wrong."""
+    session.refresh(card)
+    choice = card.answer if right else (card.answer + 1) % len(card.choices)
+    return grade(session, card_id=card.id, version=card.version, choice=choice, quality=quality, now=now, settings=settings)
+
+
+# --- Pure parts -------------------------------------------------------------------------
+
+
+def test_study_day_rolls_over_at_the_configured_local_hour():
+    berlin = StudySettings(timezone="Europe/Berlin", day_start_hour=4)
+    # 02:30 UTC on 3 March is 03:30 in Berlin: still the study day of 2 March.
+    assert study_day(datetime(2026, 3, 3, 2, 30, tzinfo=timezone.utc), berlin) == date(2026, 3, 2)
+    # 03:00 UTC is 04:00 in Berlin: the new day has begun.
+    assert study_day(datetime(2026, 3, 3, 3, 0, tzinfo=timezone.utc), berlin) == date(2026, 3, 3)
+    midnight = StudySettings(timezone="America/New_York", day_start_hour=0)
+    assert study_day(datetime(2026, 3, 3, 4, 59, tzinfo=timezone.utc), midnight) == date(2026, 3, 2)
+    assert study_day(datetime(2026, 3, 3, 5, 0, tzinfo=timezone.utc), midnight) == date(2026, 3, 3)
+
+
+def test_study_day_refuses_naive_times():
+    with pytest.raises(ValueError, match="timezone-aware"):
+        study_day(datetime(2026, 3, 3, 12), UTC_SETTINGS)
+
+
+@pytest.mark.parametrize("bad", [{"day_start_hour": 24}, {"new_per_day": -1}, {"timezone": "Mars/Olympus"}])
+def test_settings_refuse_bad_values(bad):
+    with pytest.raises(Exception):  # noqa: B017 - ValueError or ZoneInfoNotFoundError
+        StudySettings(**bad)
+
+
+def test_choice_order_is_a_stable_permutation_per_card_and_day():
+    day = date(2026, 3, 2)
+    order = choice_order(7, day, 4)
+    assert sorted(order) == [0, 1, 2, 3]
+    assert choice_order(7, day, 4) == order  # a reload shows the same order
+    orders = {tuple(choice_order(card_id, day + timedelta(days=d), 4)) for card_id in range(10) for d in range(5)}
+    assert len(orders) > 5  # and it does shuffle
+
+
+def test_allowed_qualities_split_at_the_passing_line():
+    assert allowed_qualities(True) == (3, 4, 5)
+    assert allowed_qualities(False) == (0, 1, 2)
+
+
+def test_schedule_after_a_first_pass_follows_sm2_and_sets_the_due_day():
+    today = date(2026, 3, 2)
+    new = Schedule(0, 2.5, 0, None, None)
+    after = schedule_after(new, 5, is_repeat=False, today=today)
+    assert after.state == sm2.review(None, 5)
+    assert after.due_day == today + timedelta(days=1)
+    assert after.repeat_day is None
+    failed = schedule_after(new, 3, is_repeat=False, today=today)
+    assert failed.repeat_day == today  # step 7: below 4 comes back today
+
+
+def test_schedule_after_a_repeat_changes_nothing_but_the_repeat_flag():
+    today = date(2026, 3, 2)
+    before = Schedule(2, 2.2, 6, today + timedelta(days=6), today)
+    assert schedule_after(before, 2, is_repeat=True, today=today) == before
+    assert schedule_after(before, 4, is_repeat=True, today=today) == replace(before, repeat_day=None)
+
+
+# --- Queue and limits -------------------------------------------------------------------
+
+
+def test_new_cards_come_in_bank_order_then_the_day_is_done(session):
+    seen = []
+    while (card := next_card(session, T0, UTC_SETTINGS)) is not None:
+        seen.append(card.question_id)
+        answer(session, card, right=True, quality=5)
+    assert seen == ["alpha-shards", "alpha-gather", "alpha-free", "beta-adam", "beta-stage3"]
+
+
+def test_a_deck_filter_limits_the_queue(session):
+    card = next_card(session, T0, UTC_SETTINGS, deck_id="beta")
+    assert card.question_id == "beta-adam"
+
+
+def test_the_new_card_limit_holds_per_study_day(session):
+    settings = replace(UTC_SETTINGS, new_per_day=2)
+    for _ in range(2):
+        answer(session, next_card(session, T0, settings), right=True, quality=5, settings=settings)
+    assert next_card(session, T0, settings) is None
+    assert day_progress(session, study_day(T0, settings)).new_done == 2
+    tomorrow = T0 + timedelta(days=1)
+    # Tomorrow: the two reviewed cards are due (interval 1) and two more new ones are allowed.
+    shown = []
+    while (card := next_card(session, tomorrow, settings)) is not None:
+        shown.append((card.question_id, card.is_new))
+        answer(session, card, right=True, quality=5, now=tomorrow, settings=settings)
+    assert shown == [("alpha-shards", False), ("alpha-gather", False), ("alpha-free", True), ("beta-adam", True)]
+
+
+def test_the_review_limit_holds_per_study_day(session):
+    for _ in range(5):
+        answer(session, next_card(session, T0, UTC_SETTINGS), right=True, quality=5)
+    tomorrow = T0 + timedelta(days=1)
+    settings = replace(UTC_SETTINGS, reviews_per_day=3)
+    for _ in range(3):
+        answer(session, next_card(session, tomorrow, settings), right=True, quality=5, now=tomorrow, settings=settings)
+    assert next_card(session, tomorrow, settings) is None
+    assert day_progress(session, study_day(tomorrow, settings)).reviews_done == 3
+
+
+def test_the_day_rolls_over_at_the_start_hour_not_at_midnight(session):
+    settings = replace(UTC_SETTINGS, new_per_day=1)
+    late = datetime(2026, 3, 2, 23, 0, tzinfo=timezone.utc)
+    answer(session, next_card(session, late, settings), right=True, quality=5, now=late, settings=settings)
+    after_midnight = late + timedelta(hours=2)  # 01:00: still the same study day
+    assert next_card(session, after_midnight, settings) is None
+    after_start = late + timedelta(hours=5, minutes=1)  # 04:01: a new study day
+    card = next_card(session, after_start, settings)
+    assert card is not None and card.question_id == "alpha-shards"  # due again (interval 1)
+
+
+def test_step7_repeats_come_after_the_first_pass_until_graded_4_or_more(session):
+    settings = replace(UTC_SETTINGS, new_per_day=2)
+    first = next_card(session, T0, settings)
+    answer(session, first, right=False, quality=1, now=T0, settings=settings)
+    second = next_card(session, T0, settings)
+    assert second.question_id != first.question_id  # first pass goes on
+    answer(session, second, right=True, quality=5, settings=settings)
+    repeat = next_card(session, T0, settings)
+    assert repeat.id == first.id
+    before = card_by_qid(session, first.question_id).state
+    result = answer(session, repeat, right=True, quality=3, settings=settings)
+    assert result.log.is_repeat
+    assert card_by_qid(session, first.question_id).state == before  # a repeat changes no SM-2 state
+    again = next_card(session, T0, settings)
+    assert again.id == first.id  # graded 3: still below 4
+    answer(session, again, right=True, quality=4, settings=settings)
+    assert next_card(session, T0, settings) is None
+    assert day_progress(session, study_day(T0, settings)).repeats_done == 2
+
+
+def test_retired_cards_leave_the_queue(session):
+    card = card_by_qid(session, "alpha-shards")
+    card.retired = True
+    session.add(card)
+    session.commit()
+    assert next_card(session, T0, UTC_SETTINGS).question_id == "alpha-gather"
+
+
+# --- Grading ----------------------------------------------------------------------------
+
+
+def test_grading_logs_the_state_before_and_after(session):
+    card = card_by_qid(session, "alpha-gather")
+    shown_version = card.version
+    result = answer(session, card, right=True, quality=4)
+    log = result.log
+    assert not result.duplicate
+    assert (log.before_repetitions, log.before_easiness, log.before_interval) == (0, 2.5, 0)
+    assert sm2.SM2State(log.after_repetitions, log.after_easiness, log.after_interval) == sm2.review(None, 4)
+    assert log.correct and log.choice == card.answer and log.was_new and not log.is_repeat
+    assert log.reviewed_at == T0
+    stored = card_by_qid(session, "alpha-gather")
+    assert stored.state == sm2.review(None, 4)
+    assert stored.due_day == study_day(T0, UTC_SETTINGS) + timedelta(days=1)
+    assert stored.version == shown_version + 1
+
+
+def test_the_server_decides_correctness_and_enforces_the_grade_range(session):
+    card = card_by_qid(session, "alpha-shards")
+    with pytest.raises(ReviewRejected, match="wrong answer is graded 0 to 2"):
+        answer(session, card, right=False, quality=5)
+    with pytest.raises(ReviewRejected, match="right answer is graded 3 to 5"):
+        answer(session, card, right=True, quality=2)
+    with pytest.raises(ReviewRejected, match="choice must be from 0 to 3"):
+        grade(session, card_id=card.id, version=card.version, choice=4, quality=1, now=T0, settings=UTC_SETTINGS)
+    assert session.exec(select(ReviewLog)).all() == []
+
+
+def test_a_submission_sent_twice_counts_once(session):
+    card = card_by_qid(session, "alpha-shards")
+    args = dict(card_id=card.id, version=card.version, choice=card.answer, quality=5, now=T0, settings=UTC_SETTINGS)
+    first = grade(session, **args)
+    second = grade(session, **args)
+    assert second.duplicate and second.log.id == first.log.id
+    assert len(session.exec(select(ReviewLog)).all()) == 1
+    assert card_by_qid(session, "alpha-shards").state == sm2.review(None, 5)
+
+
+def test_a_stale_showing_is_a_conflict(session):
+    card = card_by_qid(session, "alpha-shards")
+    answer(session, card, right=False, quality=0)  # version 0 -> 1
+    undo_last(session, T0)  # version 1 -> 2: the page shown at version 1 is stale
+    with pytest.raises(ReviewConflict):
+        grade(session, card_id=card.id, version=1, choice=card.answer, quality=5, now=T0, settings=UTC_SETTINGS)
+    assert len(session.exec(select(ReviewLog)).all()) == 1
+
+
+def test_a_card_not_due_cannot_be_graded(session):
+    card = card_by_qid(session, "alpha-shards")
+    answer(session, card, right=True, quality=5)
+    with pytest.raises(ReviewRejected, match="not due until"):
+        answer(session, card, right=True, quality=5, now=T0 + timedelta(minutes=5))
+
+
+def test_grade_options_show_the_interval_each_grade_leads_to(session):
+    card = card_by_qid(session, "alpha-shards")
+    today = study_day(T0, UTC_SETTINGS)
+    options = grade_options(card, True, today)
+    assert [(o.quality, o.interval, o.again_today) for o in options] == [(3, 1, True), (4, 1, False), (5, 1, False)]
+    assert options[2].wording == sm2.QUALITY_WORDING[5]
+    answer(session, card, right=True, quality=5, now=T0)  # n=1, I=1
+    answer(session, card, right=True, quality=5, now=T0 + timedelta(days=1))  # n=2, I=6
+    card = card_by_qid(session, "alpha-shards")  # n=2, I=6, EF=2.7
+    options = grade_options(card, True, study_day(T0 + timedelta(days=10), UTC_SETTINGS))
+    assert [o.interval for o in options] == [sm2.review(card.state, q).interval for q in (3, 4, 5)]
+
+
+# --- Undo -------------------------------------------------------------------------------
+
+
+def test_undo_restores_the_card_exactly_and_marks_the_log(session):
+    card = card_by_qid(session, "alpha-shards")
+    answer(session, card, right=True, quality=5)
+    before = card_by_qid(session, "alpha-shards")
+    snapshot = (before.state, before.due_day, before.repeat_day, before.last_reviewed_at)
+    answer(session, before, right=True, quality=4, now=T0 + timedelta(days=1))
+    undone = undo_last(session, T0 + timedelta(days=1, minutes=1))
+    assert undone.undone_at is not None and undone.quality == 4
+    after = card_by_qid(session, "alpha-shards")
+    assert (after.state, after.due_day, after.repeat_day, after.last_reviewed_at) == snapshot
+    assert len(session.exec(select(ReviewLog)).all()) == 2  # marked, not deleted
+    assert replayed_schedule(session, after.id) == after.state
+
+
+def test_undo_twice_walks_back_and_nothing_left_returns_none(session):
+    card = card_by_qid(session, "alpha-shards")
+    answer(session, card, right=False, quality=2)
+    answer(session, card, right=True, quality=5)  # the step-7 repeat
+    undo_last(session, T0)
+    undo_last(session, T0)
+    fresh = card_by_qid(session, "alpha-shards")
+    assert fresh.is_new and fresh.state == sm2.NEW_CARD and fresh.repeat_day is None
+    assert undo_last(session, T0) is None
+    assert day_progress(session, study_day(T0, UTC_SETTINGS)) == day_progress(session, date(1999, 1, 1))
+
+
+def test_an_undone_card_can_be_reviewed_again_with_a_new_submission(session):
+    card = card_by_qid(session, "alpha-shards")
+    first = answer(session, card, right=True, quality=3)
+    undo_last(session, T0)
+    second = answer(session, card, right=True, quality=5)
+    assert not second.duplicate and second.log.submission_id != first.log.submission_id
+    assert card_by_qid(session, "alpha-shards").state == sm2.review(None, 5)
