@@ -1,0 +1,93 @@
+"""Importing a quiz in the seeds' plain-text format (`quiz_to_yaml`, `studyapp bank import-quiz`).
+
+The skeleton keeps every prompt and choice verbatim, leaves the answers to the author, and the
+validator then names each missing piece by question and field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from test_bank import SEED_FILES, SEEDS, parse_seed
+
+from studyapp.bank import BankError, load_bank, parse_deck, quiz_to_yaml
+
+MISSING_PER_QUESTION = ["explanation", "lab"] + [f"choices[{n}].why_wrong" for n in range(1, 5)] + ["choices"]
+
+
+def skeleton(deck_id: str) -> str:
+    return quiz_to_yaml((SEEDS / SEED_FILES[deck_id]).read_text(encoding="utf-8"), deck_id)
+
+
+@pytest.mark.parametrize("deck_id", ["fsdp", "zero"])
+def test_the_skeleton_keeps_every_prompt_and_choice_verbatim(deck_id):
+    title, seed_questions = parse_seed((SEEDS / SEED_FILES[deck_id]).read_text(encoding="utf-8"))
+    raw = yaml.safe_load(skeleton(deck_id))
+    assert (raw["id"], raw["title"]) == (deck_id, title)
+    assert len(raw["questions"]) == 8
+    assert [q["id"] for q in raw["questions"]] == [f"{deck_id}-q{n}" for n in range(1, 9)]
+    got = [(q["prompt"], [c["text"] for c in q["choices"]]) for q in raw["questions"]]
+    assert got == seed_questions
+    # nothing is decided for the author
+    assert all(c["correct"] is False for q in raw["questions"] for c in q["choices"])
+
+
+@pytest.mark.parametrize("deck_id", ["fsdp", "zero"])
+def test_the_validator_names_what_the_author_must_fill_in(deck_id):
+    text = skeleton(deck_id)
+    deck, problems = parse_deck(text, f"{deck_id}.yaml")
+    assert deck is None
+    expected = [(f"{deck_id}-q{n}", field) for n in range(1, 9) for field in MISSING_PER_QUESTION]
+    assert [(p.question_id, p.field) for p in problems] == expected
+    assert {p.file for p in problems} == {f"{deck_id}.yaml"}
+    lines = text.splitlines()
+    for problem in problems:
+        source = lines[problem.line - 1].strip()
+        if problem.field in ("explanation", "lab"):
+            assert source == f"{problem.field}: ''"
+        elif problem.field == "choices":
+            assert source == "choices:"
+            assert "marked correct: none" in problem.message
+        else:
+            assert source == "why_wrong: ''"
+
+
+def test_a_completed_skeleton_loads(tmp_path):
+    raw = yaml.safe_load(skeleton("zero"))
+    for question in raw["questions"]:
+        question["choices"][0]["correct"] = True
+        del question["choices"][0]["why_wrong"]
+        for number, choice in enumerate(question["choices"][1:], start=2):
+            choice["why_wrong"] = f"Reason {number}."
+        question.update(explanation="Why the first choice is right.", lab="zero-stages-model-states")
+    (tmp_path / "zero.yaml").write_text(yaml.safe_dump(raw, sort_keys=False, allow_unicode=True), encoding="utf-8")
+    (deck,) = load_bank(tmp_path)
+    assert (deck.id, len(deck.questions), deck.questions[1].answer) == ("zero", 8, 0)
+
+
+@pytest.mark.parametrize(
+    ("quiz", "deck_id", "complaint"),
+    [
+        ("", "new", "empty"),
+        ("A title only\n", "new", "no numbered questions"),
+        ("Quiz\n1. Why?\n   • Because\n   something else\n", "new", "line 4"),
+        ("Quiz\n1. Why?\n   • Because\n", "Not A Slug", "slug"),
+    ],
+)
+def test_a_quiz_it_cannot_read_is_refused(quiz, deck_id, complaint):
+    with pytest.raises(ValueError, match=complaint):
+        quiz_to_yaml(quiz, deck_id)
+
+
+def test_the_import_quiz_command_writes_a_skeleton_the_validator_refuses(runner, tmp_path: Path):
+    out = tmp_path / "zero.yaml"
+    result = runner.invoke(args=["bank", "import-quiz", str(SEEDS / "zero-quiz.txt"), "--deck", "zero", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_text(encoding="utf-8") == skeleton("zero")
+    with pytest.raises(BankError) as refused:
+        load_bank(out)
+    assert len(refused.value.problems) == 8 * len(MISSING_PER_QUESTION)
+    again = runner.invoke(args=["bank", "import-quiz", str(SEEDS / "zero-quiz.txt"), "--deck", "zero", "--out", str(out)])
+    assert again.exit_code != 0 and "not overwriting" in again.output
