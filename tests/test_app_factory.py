@@ -1,0 +1,91 @@
+"""create_app: configuration layers, the per-install secret key, and no torch at start-up."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from studyapp import DATABASE_URL_ENV, SECRET_KEY_FILE, create_app
+from studyapp.db import get_engine
+
+
+@pytest.fixture(autouse=True)
+def no_database_url_env(monkeypatch):
+    monkeypatch.delenv(DATABASE_URL_ENV, raising=False)
+
+
+def test_defaults_put_an_sqlite_file_in_the_instance_folder(tmp_path):
+    app = create_app(instance_path=str(tmp_path / "instance"))
+    assert app.config["DATABASE_URL"] == f"sqlite:///{tmp_path / 'instance' / 'studyapp.sqlite3'}"
+    assert (tmp_path / "instance" / "studyapp.sqlite3").exists()  # schema created on start
+    assert app.config["NEW_CARDS_PER_DAY"] == 20 and app.config["REVIEWS_PER_DAY"] == 200
+    assert app.config["HOST"] == "127.0.0.1"
+    get_engine(app).dispose()
+
+
+def test_config_layers_instance_file_then_environment_then_test_config(tmp_path, monkeypatch):
+    instance = tmp_path / "instance"
+    instance.mkdir()
+    (instance / "config.py").write_text(
+        f"NEW_CARDS_PER_DAY = 7\nDAY_START_HOUR = 6\nDATABASE_URL = 'sqlite:///{tmp_path / 'from-file.db'}'\n"
+    )
+    app = create_app(instance_path=str(instance))
+    assert app.config["NEW_CARDS_PER_DAY"] == 7 and app.config["DAY_START_HOUR"] == 6
+    assert app.config["DATABASE_URL"].endswith("from-file.db")
+
+    monkeypatch.setenv(DATABASE_URL_ENV, f"sqlite:///{tmp_path / 'from-env.db'}")
+    app = create_app(instance_path=str(instance))
+    assert app.config["DATABASE_URL"].endswith("from-env.db")
+
+    app = create_app({"DATABASE_URL": f"sqlite:///{tmp_path / 'from-test.db'}", "NEW_CARDS_PER_DAY": 3},
+                     instance_path=str(instance))
+    assert app.config["DATABASE_URL"].endswith("from-test.db") and app.config["NEW_CARDS_PER_DAY"] == 3
+    assert app.config["DAY_START_HOUR"] == 6  # untouched layers stay
+
+
+def test_the_secret_key_is_made_once_per_install_and_kept_private(tmp_path):
+    instance = tmp_path / "instance"
+    first = create_app(instance_path=str(instance)).config["SECRET_KEY"]
+    second = create_app(instance_path=str(instance)).config["SECRET_KEY"]
+    assert first == second and len(first) >= 64
+    key_file = instance / SECRET_KEY_FILE
+    assert key_file.read_text() == first
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    other = create_app(instance_path=str(tmp_path / "other")).config["SECRET_KEY"]
+    assert other != first
+
+
+def test_the_repository_holds_no_secret_key():
+    repo = Path(__file__).resolve().parent.parent
+    tracked = subprocess.run(["git", "ls-files"], cwd=repo, capture_output=True, text=True).stdout.split()
+    assert not [path for path in tracked if path.endswith(SECRET_KEY_FILE) or path.startswith("instance/")]
+
+
+@pytest.mark.parametrize("bad", [{"DAY_START_HOUR": 25}, {"TIMEZONE": "Nowhere/Special"}, {"NEW_CARDS_PER_DAY": -2}])
+def test_bad_study_settings_are_refused_at_start_up(tmp_path, bad):
+    with pytest.raises(Exception):  # noqa: B017 - ValueError or ZoneInfoNotFoundError
+        create_app({"DATABASE_URL": f"sqlite:///{tmp_path / 'db'}", **bad}, instance_path=str(tmp_path / "i"))
+
+
+def test_the_app_never_imports_torch(tmp_path):
+    """Building the app and serving pages must not import torch (the labs run in their own process)."""
+    script = f"""
+import sys
+from studyapp import create_app
+app = create_app({{"DATABASE_URL": "sqlite:///{tmp_path / 'db.sqlite3'}", "SECRET_KEY": "x"}},
+                 instance_path={str(tmp_path / 'instance')!r})
+client = app.test_client()
+for url in ("/", "/study", "/stats", "/labs", "/labs/what-fsdp-shards"):
+    assert client.get(url).status_code == 200, url
+assert "torch" not in sys.modules, sorted(m for m in sys.modules if m.startswith("torch"))
+print("ok")
+"""
+    env = {k: v for k, v in os.environ.items() if k != DATABASE_URL_ENV}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                            cwd=Path(__file__).resolve().parent.parent, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr

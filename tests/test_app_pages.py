@@ -1,0 +1,148 @@
+"""Home, deck, question, lab, stats and export pages through Flask's test client."""
+
+from __future__ import annotations
+
+import html
+import re
+
+import pytest
+from conftest import ALPHA_DECK, BETA_DECK, write_bank
+from sqlmodel import Session, select
+
+from studyapp.charts import bar_chart
+from studyapp.db import get_engine
+from studyapp.models import Card
+from studyapp.study import StudySettings, grade
+from studyapp.sync import sync_bank
+
+
+def text(response) -> str:
+    return html.unescape(response.get_data(as_text=True))
+
+
+def review(app, qid: str, now) -> None:
+    with Session(get_engine(app)) as session:
+        card = session.exec(select(Card).where(Card.question_id == qid)).one()
+        grade(session, card_id=card.id, version=card.version, choice=card.answer, quality=5, now=now,
+              settings=StudySettings(timezone="UTC"))
+
+
+def deck_row(page: str, deck_id: str) -> dict[str, int]:
+    row = re.search(rf'<tr data-deck="{deck_id}">(.*?)</tr>', page, re.S).group(1)
+    return {name: int(re.search(rf'class="{name}">(\d+)<', row).group(1)) for name in ("due", "new", "learned")}
+
+
+def test_home_lists_each_deck_with_due_new_and_learned_counts(client, app, clock):
+    page = client.get("/").get_data(as_text=True)
+    assert deck_row(page, "alpha") == {"due": 0, "new": 3, "learned": 0}
+    assert deck_row(page, "beta") == {"due": 0, "new": 2, "learned": 0}
+    assert 'href="/study?deck=alpha"' in page and "Study" in page
+    review(app, "alpha-shards", clock.now)
+    clock.advance(days=1)
+    page = client.get("/").get_data(as_text=True)
+    assert deck_row(page, "alpha") == {"due": 1, "new": 2, "learned": 1}
+
+
+def test_assets_are_served_locally(client):
+    page = client.get("/").get_data(as_text=True)
+    assert not re.search(r'(src|href)="(https?:)?//', page)
+    assert client.get("/static/style.css").status_code == 200
+    assert b"keydown" in client.get("/static/keys.js").data
+
+
+def test_the_deck_page_links_each_card_to_its_question_and_lab(client):
+    page = client.get("/decks/alpha").get_data(as_text=True)
+    for qid in ("alpha-shards", "alpha-gather", "alpha-free"):
+        assert f'href="/questions/{qid}"' in page
+    assert 'href="/labs/allgather-before-layer"' in page
+    assert client.get("/decks/nope").status_code == 404
+
+
+def test_the_question_page_shows_the_answer_reasons_lab_and_history(client, app, clock):
+    review(app, "alpha-gather", clock.now)
+    page = text(client.get("/questions/alpha-gather"))
+    assert "All-gather" in page and "correct answer" in page
+    assert "A barrier moves no data." in page
+    assert "sharding-lab run allgather-before-layer" in page
+    assert "Due 2026-03-03" in page and "right" in page
+    assert client.get("/questions/nope").status_code == 404
+
+
+def test_the_lab_page_shows_claim_command_and_the_questions_it_backs(client):
+    page = text(client.get("/labs/allgather-before-layer"))
+    assert "In forward, FSDP all-gathers each block's full parameters" in page
+    assert "sharding-lab run allgather-before-layer" in page
+    assert 'href="/questions/alpha-gather"' in page
+    assert "fsdp-all-gather-before-layer" in page  # backed in the catalogue, not in this test bank
+    assert client.get("/labs/not-a-lab").status_code == 404
+    assert "What FSDP shards that DDP replicates" in text(client.get("/labs"))
+
+
+def test_the_stats_page_draws_three_svg_charts(client, app, clock):
+    review(app, "alpha-shards", clock.now)
+    review(app, "beta-adam", clock.now)
+    page = client.get("/stats").get_data(as_text=True)
+    assert page.count("<svg") == 3
+    assert "Reviews per day" in page and "Accuracy per day" in page and "Cards due, next 30 days" in page
+    assert "2 reviews in the last 30 days, 100% answered right" in html.unescape(page)
+    assert "Mar 03: 2</title>" in page  # both cards due tomorrow in the forecast
+
+
+def test_bar_chart_escapes_its_labels():
+    svg = bar_chart([("<b>x</b>", 3), ("y", 1)], title="A & B")
+    assert "<b>" not in svg and "&lt;b&gt;x&lt;/b&gt;" in svg and "A &amp; B" in svg
+    assert svg.count("<rect") == 2
+
+
+def test_bank_text_is_escaped_everywhere(client, app, bank_dir, csrf_token):
+    evil = ALPHA_DECK.replace("What does FSDP shard that DDP replicates?", "<script>alert(1)</script> shards?")
+    evil = evil.replace("FSDP keeps 1/N of every model state per rank.", "<img src=x onerror=alert(2)>")
+    evil = evil.replace("Every data-parallel method splits the batch.", "<b onclick=x()>why</b>")
+    write_bank(bank_dir, {"alpha": evil.replace("title: Alpha deck", "title: <i>Alpha</i>"), "beta": BETA_DECK})
+    sync_bank(get_engine(app), bank_dir)
+    pages = [client.get(url).get_data(as_text=True) for url in ("/", "/study", "/decks/alpha", "/questions/alpha-shards",
+                                                                "/labs/what-fsdp-shards")]
+    page = client.get("/study").get_data(as_text=True)
+    card_id = re.search(r'name="card_id" value="(\d+)"', page).group(1)
+    version = re.search(r'name="version" value="(\d+)"', page).group(1)
+    pages.append(client.post("/study/answer", data={"csrf_token": csrf_token, "card_id": card_id, "version": version,
+                                                    "choice": "1"}).get_data(as_text=True))
+    for page in pages:
+        assert "<script>alert" not in page and "<img src=x" not in page and "<b onclick" not in page and "<i>Alpha" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in pages[1]
+    assert "&lt;b onclick=x()&gt;" in pages[-1]
+
+
+# --- Exports ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def exports(app, tmp_path):
+    folder = tmp_path / "exports"
+    folder.mkdir()
+    (folder / "alpha.apkg").write_bytes(b"PK-alpha")
+    (folder / "all-decks.apkg").write_bytes(b"PK-all")
+    (folder / "notes.txt").write_text("not a deck")
+    (tmp_path / "secret.apkg").write_bytes(b"outside")
+    return folder
+
+
+def test_existing_exports_are_linked_and_served(client, exports):
+    page = client.get("/").get_data(as_text=True)
+    assert 'href="/exports/alpha.apkg"' in page and 'href="/exports/all-decks.apkg"' in page
+    assert 'href="/exports/beta.apkg"' not in page  # not built: no dead link
+    response = client.get("/exports/alpha.apkg")
+    assert response.status_code == 200 and response.data == b"PK-alpha"
+    assert "attachment" in response.headers["Content-Disposition"]
+    assert 'href="/exports/alpha.apkg"' in client.get("/decks/alpha").get_data(as_text=True)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["beta.apkg", "notes.txt", "../secret.apkg", "..%2fsecret.apkg", "%2e%2e%2fsecret.apkg", "....//secret.apkg",
+     "ALPHA.apkg", "alpha.apkg%00.txt", "%2fetc%2fpasswd"],
+)
+def test_anything_but_an_existing_export_by_exact_name_is_refused(client, exports, name):
+    response = client.get(f"/exports/{name}")
+    assert response.status_code == 404
+    assert b"outside" not in response.data

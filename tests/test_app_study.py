@@ -1,0 +1,255 @@
+"""The review pages through Flask's test client: question, answer view, grading, undo, CSRF, bad input."""
+
+from __future__ import annotations
+
+import html
+import re
+
+import pytest
+from sqlmodel import Session, select
+
+from studyapp import sm2
+from studyapp.db import get_engine
+from studyapp.models import Card, ReviewLog
+
+
+def text(response) -> str:
+    return html.unescape(response.get_data(as_text=True))
+
+
+def shown_card(client, url: str = "/study") -> dict:
+    """The card on the question page: id, version and the choices' bank indices in display order."""
+    page = client.get(url).get_data(as_text=True)
+    return {
+        "card_id": re.search(r'name="card_id" value="(\d+)"', page).group(1),
+        "version": re.search(r'name="version" value="(\d+)"', page).group(1),
+        "order": [int(i) for i in re.findall(r'name="choice" value="(\d+)"', page)],
+        "page": page,
+    }
+
+
+def card(app, card_id) -> Card:
+    with Session(get_engine(app)) as session:
+        return session.get(Card, int(card_id))
+
+
+def logs(app) -> list[ReviewLog]:
+    with Session(get_engine(app)) as session:
+        return session.exec(select(ReviewLog).order_by(ReviewLog.id)).all()
+
+
+def submit(client, token, shown, choice, quality=None, **extra):
+    data = {"csrf_token": token, "card_id": shown["card_id"], "version": shown["version"], "choice": str(choice), **extra}
+    if quality is None:
+        return client.post("/study/answer", data=data)
+    return client.post("/study/grade", data={**data, "quality": str(quality)})
+
+
+def test_the_question_page_shows_the_prompt_shuffled_choices_and_shortcuts(client, app):
+    shown = shown_card(client)
+    first = card(app, shown["card_id"])
+    assert first.question_id == "alpha-shards"
+    page = html.unescape(shown["page"])
+    assert first.prompt in page
+    assert sorted(shown["order"]) == [0, 1, 2, 3]
+    for choice in first.choices:
+        assert choice in page
+    assert shown_card(client)["order"] == shown["order"]  # a reload shows the same order
+    for key in ('data-key="1"', 'data-key="4"', "data-enter-submits", "<kbd>Enter</kbd>", "<kbd>u</kbd>"):
+        assert key in shown["page"]
+
+
+def test_the_order_changes_with_the_study_day(client, clock):
+    orders = set()
+    for _ in range(6):
+        orders.add(tuple(shown_card(client)["order"]))
+        clock.advance(days=1)
+    assert len(orders) > 1
+
+
+def test_a_wrong_answer_shows_the_right_one_the_reasons_the_lab_and_only_grades_0_to_2(client, app, csrf_token):
+    shown = shown_card(client)
+    c = card(app, shown["card_id"])
+    wrong = next(i for i in range(len(c.choices)) if i != c.answer)
+    page = text(submit(client, csrf_token, shown, wrong))
+    assert "Wrong" in page
+    assert f"Answer: {c.choices[c.answer]}" in re.sub(r"<[^>]+>", "", page)
+    assert c.explanation in page
+    assert c.why_wrong[wrong] in page
+    assert "What FSDP shards that DDP replicates" in page  # the lab's title
+    assert "sharding-lab run what-fsdp-shards" in page
+    assert 'href="/labs/what-fsdp-shards"' in page
+    assert re.findall(r'name="quality" value="(\d)"', page) == ["0", "1", "2"]
+    for q in (0, 1, 2):
+        assert sm2.QUALITY_WORDING[q] in page
+    assert "next in 1 day · again today" in page
+
+
+def test_a_right_answer_offers_3_to_5_with_their_intervals(client, app, csrf_token):
+    shown = shown_card(client)
+    c = card(app, shown["card_id"])
+    page = text(submit(client, csrf_token, shown, c.answer))
+    assert "Right" in page
+    assert re.findall(r'name="quality" value="(\d)"', page) == ["3", "4", "5"]
+    assert page.count("next in 1 day") == 3
+
+
+def test_grading_records_the_review_and_moves_on(client, app, csrf_token):
+    shown = shown_card(client)
+    c = card(app, shown["card_id"])
+    response = submit(client, csrf_token, shown, c.answer, 5)
+    assert response.status_code == 302 and response.location.endswith("/study")
+    [log] = logs(app)
+    assert (log.card_id, log.quality, log.choice, log.correct) == (c.id, 5, c.answer, True)
+    assert card(app, c.id).state == sm2.review(None, 5)
+    assert shown_card(client)["card_id"] != shown["card_id"]
+
+
+def test_the_server_refuses_a_grade_that_contradicts_the_answer(client, app, csrf_token):
+    shown = shown_card(client)
+    c = card(app, shown["card_id"])
+    wrong = (c.answer + 1) % len(c.choices)
+    response = submit(client, csrf_token, shown, wrong, 5)
+    assert response.status_code == 400
+    assert "a wrong answer is graded 0 to 2, got 5" in text(response)
+    response = submit(client, csrf_token, shown, c.answer, 1)
+    assert response.status_code == 400 and "a right answer is graded 3 to 5" in text(response)
+    assert logs(app) == []
+
+
+def test_the_same_submission_twice_counts_once(client, app, csrf_token):
+    shown = shown_card(client)
+    c = card(app, shown["card_id"])
+    assert submit(client, csrf_token, shown, c.answer, 4).status_code == 302
+    again = submit(client, csrf_token, shown, c.answer, 4)  # a retry, or the second tab
+    assert again.status_code == 302
+    assert len(logs(app)) == 1
+    assert "already recorded" in text(client.get("/study"))
+
+
+def test_undo_restores_the_card_and_shows_it_again(client, app, csrf_token):
+    shown = shown_card(client)
+    before = card(app, shown["card_id"])
+    submit(client, csrf_token, shown, before.answer, 3)
+    response = client.post("/study/undo", data={"csrf_token": csrf_token})
+    assert response.status_code == 302 and f"card={before.id}" in response.location
+    after = card(app, before.id)
+    assert (after.state, after.due_day, after.repeat_day, after.last_reviewed_at) == (
+        before.state, before.due_day, before.repeat_day, before.last_reviewed_at)
+    [log] = logs(app)
+    assert log.undone_at is not None
+    page = text(client.get(response.location))
+    assert "Undid your grade 3" in page and before.prompt in page
+    assert "no review to undo" in text(client.get(client.post("/study/undo", data={"csrf_token": csrf_token}).location))
+
+
+def test_a_deck_session_stays_in_its_deck(client, app, csrf_token):
+    shown = shown_card(client, "/study?deck=beta")
+    c = card(app, shown["card_id"])
+    assert c.deck_id == "beta"
+    response = submit(client, csrf_token, shown, c.answer, 5, deck="beta")
+    assert response.location.endswith("/study?deck=beta")
+    assert client.get("/study?deck=nope").status_code == 404
+
+
+def test_the_done_page_after_the_day(client, app, csrf_token, clock):
+    for _ in range(5):
+        shown = shown_card(client)
+        submit(client, csrf_token, shown, card(app, shown["card_id"]).answer, 5)
+    page = text(client.get("/study"))
+    assert "Done for today" in page and "5 / 20 new cards" in page
+    clock.advance(days=1)
+    assert "Done for today" not in text(client.get("/study"))
+
+
+def test_a_step7_repeat_is_marked_on_the_page(client, app, csrf_token):
+    app.config["NEW_CARDS_PER_DAY"] = 1
+    shown = shown_card(client)
+    c = card(app, shown["card_id"])
+    submit(client, csrf_token, shown, (c.answer + 1) % len(c.choices), 0)
+    again = shown_card(client)
+    assert again["card_id"] == shown["card_id"]
+    assert "repeat: grade 4 or 5" in again["page"]
+    page = text(submit(client, csrf_token, again, c.answer))
+    assert "changes no interval" in page
+
+
+# --- CSRF and bad input -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url", ["/study/answer", "/study/grade", "/study/undo"])
+def test_every_post_needs_the_csrf_token(client, app, url):
+    shown = shown_card(client)
+    data = {"card_id": shown["card_id"], "version": shown["version"], "choice": "0", "quality": "1"}
+    for token in (None, "forged"):
+        sent = data if token is None else {**data, "csrf_token": token}
+        response = client.post(url, data=sent)
+        assert response.status_code == 400 and "CSRF token" in text(response)
+    assert logs(app) == []
+
+
+def test_the_csrf_token_may_come_in_a_header(client, app, csrf_token):
+    response = client.post("/study/undo", headers={"X-CSRF-Token": csrf_token})
+    assert response.status_code == 302
+
+
+def test_a_client_error_is_json_for_json_clients(client):
+    response = client.post("/study/undo", json={})
+    assert response.status_code == 400 and "CSRF" in response.get_json()["error"]
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("card_id", None, "'card_id' is missing"),
+        ("card_id", "abc", "'card_id' must be a whole number"),
+        ("card_id", "-1", "'card_id' must be a whole number"),
+        ("card_id", "9" * 5000, "'card_id' must be a whole number"),
+        ("card_id", "99999999999", "'card_id' must be from 0 to 2147483647"),
+        ("version", "", "'version' is missing"),
+        ("choice", "7", "choice must be from 0 to 3"),
+        ("choice", "1.5", "'choice' must be a whole number"),
+        ("quality", "6", "'quality' must be from 0 to 5"),
+        ("quality", "٣", "'quality' must be a whole number"),
+    ],
+)
+def test_bad_form_input_is_a_400_that_names_the_field(client, app, csrf_token, field, value, message):
+    shown = shown_card(client)
+    c = card(app, shown["card_id"])
+    data = {"csrf_token": csrf_token, "card_id": shown["card_id"], "version": shown["version"], "choice": str(c.answer),
+            "quality": "5"}
+    if value is None:
+        del data[field]
+    else:
+        data[field] = value
+    response = client.post("/study/grade", data=data)
+    assert response.status_code == 400, text(response)
+    assert message in text(response)
+    assert logs(app) == []
+
+
+def test_an_unknown_card_is_a_404(client, csrf_token):
+    response = client.post("/study/grade", data={"csrf_token": csrf_token, "card_id": "4242", "version": "0",
+                                                  "choice": "0", "quality": "0"})
+    assert response.status_code == 404 and "no card 4242" in text(response)
+
+
+def test_a_grade_for_a_card_shown_before_an_undo_is_a_409(client, app, csrf_token):
+    shown = shown_card(client)
+    c = card(app, shown["card_id"])
+    submit(client, csrf_token, shown, c.answer, 3)
+    repeat = {**shown, "version": str(int(shown["version"]) + 1)}
+    client.post("/study/undo", data={"csrf_token": csrf_token})
+    response = submit(client, csrf_token, repeat, c.answer, 4)
+    assert response.status_code == 409 and "changed since it was shown" in text(response)
+
+
+def test_a_card_not_due_is_refused(client, app, csrf_token, clock):
+    shown = shown_card(client)
+    c = card(app, shown["card_id"])
+    submit(client, csrf_token, shown, c.answer, 5)
+    clock.advance(minutes=1)
+    fresh = {**shown, "version": str(int(shown["version"]) + 1)}
+    response = submit(client, csrf_token, fresh, c.answer, 5)
+    assert response.status_code == 400 and "is not due until" in text(response)
+    assert len(logs(app)) == 1

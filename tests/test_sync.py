@@ -1,0 +1,97 @@
+"""Bank → database sync: idempotent; edits keep progress; removals retire; a bad bank changes nothing."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from conftest import ALPHA_DECK, BETA_DECK, T0, write_bank
+from sqlmodel import Session, select
+
+from studyapp.bank import BankError
+from studyapp.db import get_engine
+from studyapp.models import Card, Deck, ReviewLog
+from studyapp.study import StudySettings, grade
+from studyapp.sync import sync_bank
+
+SETTINGS = StudySettings(timezone="UTC")
+
+
+def snapshot(app) -> dict[str, tuple]:
+    with Session(get_engine(app)) as session:
+        cards = session.exec(select(Card)).all()
+        return {c.question_id: (c.prompt, c.retired, c.repetitions, c.easiness, c.interval, c.due_day, c.content_hash) for c in cards}
+
+
+def review(app, qid: str) -> None:
+    with Session(get_engine(app)) as session:
+        card = session.exec(select(Card).where(Card.question_id == qid)).one()
+        grade(session, card_id=card.id, version=card.version, choice=card.answer, quality=5, now=T0, settings=SETTINGS)
+
+
+def test_first_sync_adds_every_question_and_deck(app):
+    with Session(get_engine(app)) as session:
+        decks = session.exec(select(Deck).order_by(Deck.position)).all()
+        cards = session.exec(select(Card).order_by(Card.position)).all()
+    assert [(d.id, d.title) for d in decks] == [("alpha", "Alpha deck"), ("beta", "Beta deck")]
+    assert [c.question_id for c in cards] == ["alpha-shards", "alpha-gather", "alpha-free", "beta-adam", "beta-stage3"]
+    gather = cards[1]
+    assert gather.choices == ["Broadcast-only", "All-gather", "Scatter", "Barrier"]
+    assert gather.answer == 1 and gather.why_wrong[1] == "" and gather.lab == "allgather-before-layer"
+    assert gather.is_new and not gather.retired
+
+
+def test_sync_is_idempotent(app, bank_dir):
+    before = snapshot(app)
+    report = sync_bank(get_engine(app), bank_dir)
+    assert not report.changed and report.unchanged == 5
+    assert snapshot(app) == before
+
+
+def test_an_edited_question_updates_its_card_and_keeps_its_progress(app, bank_dir):
+    review(app, "alpha-gather")
+    progress = snapshot(app)["alpha-gather"][2:6]
+    write_bank(bank_dir, {"alpha": ALPHA_DECK.replace("rebuilds a layer's full weights", "reassembles a layer's weights"),
+                          "beta": BETA_DECK})
+    report = sync_bank(get_engine(app), bank_dir)
+    assert report.updated == ["alpha-gather"] and not report.added and not report.retired
+    after = snapshot(app)["alpha-gather"]
+    assert after[0] == "Which collective reassembles a layer's weights before it runs?"
+    assert after[2:6] == progress
+
+
+def test_a_removed_question_is_retired_with_its_history_and_restored_if_it_returns(app, bank_dir):
+    review(app, "beta-adam")
+    stage3_only = "id: beta\ntitle: Beta deck\nquestions:\n" + BETA_DECK[BETA_DECK.index("  - id: beta-stage3"):]
+    write_bank(bank_dir, {"alpha": ALPHA_DECK, "beta": stage3_only})
+    report = sync_bank(get_engine(app), bank_dir)
+    assert report.retired == ["beta-adam"]
+    state = snapshot(app)["beta-adam"]
+    assert state[1] is True and state[2] == 1  # retired, progress kept
+    with Session(get_engine(app)) as session:
+        assert len(session.exec(select(ReviewLog)).all()) == 1  # history kept
+
+    write_bank(bank_dir, {"alpha": ALPHA_DECK, "beta": BETA_DECK})
+    report = sync_bank(get_engine(app), bank_dir)
+    assert report.restored == ["beta-adam"]
+    assert snapshot(app)["beta-adam"][1:3] == (False, 1)
+
+
+def test_a_removed_deck_is_retired_with_its_cards(app, bank_dir):
+    write_bank(bank_dir, {"alpha": ALPHA_DECK})
+    report = sync_bank(get_engine(app), bank_dir)
+    assert sorted(report.retired) == ["beta-adam", "beta-stage3"]
+    with Session(get_engine(app)) as session:
+        assert session.get(Deck, "beta").retired
+
+
+def test_a_bad_bank_changes_nothing_and_names_file_line_and_field(app, bank_dir):
+    before = snapshot(app)
+    broken = ALPHA_DECK.replace("      - text: All-gather\n        correct: true\n", "      - text: All-gather\n")
+    broken = broken.replace("What does FSDP shard that DDP replicates?", "An edit that must not land")
+    write_bank(bank_dir, {"alpha": broken, "beta": BETA_DECK})
+    with pytest.raises(BankError) as refused:
+        sync_bank(get_engine(app), bank_dir)
+    message = str(refused.value)
+    assert re.search(r"alpha\.yaml:\d+, question alpha-gather, field 'choices'", message), message
+    assert snapshot(app) == before
