@@ -20,7 +20,7 @@ from studyapp.db import get_engine
 from studyapp.sync import sync_bank
 
 POSTGRES_URL_ENV = "STUDYAPP_TEST_POSTGRES_URL"
-CHROMIUM = "/usr/bin/chromium"
+CHROMIUM = os.environ.get("STUDYAPP_CHROMIUM", "/usr/bin/chromium")  # Debian's; Playwright cannot fetch its own
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",

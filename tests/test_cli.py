@@ -1,0 +1,96 @@
+"""The `studyapp` commands, run through app.test_cli_runner()."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from conftest import ALPHA_DECK, write_bank
+from flask import Flask
+from sqlmodel import Session, select
+
+from studyapp import cli
+from studyapp.bank import parse_deck
+from studyapp.db import get_engine
+from studyapp.models import Card
+
+SEEDS = Path(__file__).resolve().parent / "data"
+
+
+def card_count(app) -> int:
+    with Session(get_engine(app)) as session:
+        return len(session.exec(select(Card).where(Card.retired.is_(False))).all())
+
+
+def test_bank_sync_reports_and_is_idempotent(runner, app, bank_dir):
+    write_bank(bank_dir, {"alpha": ALPHA_DECK})
+    result = runner.invoke(args=["bank", "sync"])
+    assert result.exit_code == 0, result.output
+    assert "0 added, 0 updated, 2 retired" in result.output
+    again = runner.invoke(args=["bank", "sync"])
+    assert "0 added, 0 updated, 0 retired, 0 restored, 3 unchanged" in again.output
+    assert card_count(app) == 3
+
+
+def test_bank_sync_of_a_bad_bank_fails_cleanly_and_changes_nothing(runner, app, bank_dir):
+    write_bank(bank_dir, {"alpha": ALPHA_DECK.replace("prompt: Why are gathered", "prompt:  \n    extra: Why")})
+    result = runner.invoke(args=["bank", "sync"])
+    assert result.exit_code == 1
+    assert "alpha.yaml:" in result.output and "alpha-free" in result.output and "Nothing was changed" in result.output
+    assert card_count(app) == 5
+
+
+def test_bank_check_validates_without_writing(runner, app, tmp_path):
+    folder = write_bank(tmp_path / "other", {"alpha": ALPHA_DECK})
+    result = runner.invoke(args=["bank", "check", "--path", str(folder)])
+    assert result.exit_code == 0 and "ok: 1 decks, 3 questions" in result.output
+    bad = write_bank(tmp_path / "bad", {"alpha": ALPHA_DECK.replace("lab: reshard-after-forward", "lab: Not A Slug")})
+    result = runner.invoke(args=["bank", "check", "--path", str(bad)])
+    assert result.exit_code == 1 and "field 'lab'" in result.output
+    unknown = write_bank(tmp_path / "unknown", {"alpha": ALPHA_DECK.replace("lab: reshard-after-forward", "lab: no-such-lab")})
+    result = runner.invoke(args=["bank", "check", "--path", str(unknown)])
+    assert result.exit_code == 0 and "lab 'no-such-lab' is not in the catalogue" in result.output
+    assert card_count(app) == 5
+
+
+def test_import_quiz_prints_a_skeleton_the_validator_then_explains(runner):
+    result = runner.invoke(args=["bank", "import-quiz", str(SEEDS / "zero-quiz.txt"), "--deck", "zero"])
+    assert result.exit_code == 0, result.output
+    skeleton = yaml.safe_load(result.output)
+    assert skeleton["id"] == "zero" and len(skeleton["questions"]) == 8
+    assert skeleton["questions"][0]["choices"][0]["text"].startswith("Duplicate full copies of optimizer state")
+    deck, problems = parse_deck(result.output, "zero.yaml")
+    assert deck is None and any("exactly one choice must be correct" in p.message for p in problems)
+
+
+def test_import_quiz_writes_a_file_and_never_overwrites(runner, tmp_path):
+    out = tmp_path / "fsdp.yaml"
+    args = ["bank", "import-quiz", str(SEEDS / "fsdp-quiz.txt"), "--deck", "fsdp", "--out", str(out)]
+    result = runner.invoke(args=args)
+    assert result.exit_code == 0 and out.exists() and "wrote" in result.output
+    result = runner.invoke(args=args)
+    assert result.exit_code == 1 and "not overwriting" in result.output
+    bad = runner.invoke(args=["bank", "import-quiz", str(SEEDS / "fsdp-quiz.txt"), "--deck", "Bad Id"])
+    assert bad.exit_code == 1 and "must be a slug" in bad.output
+
+
+def test_serve_syncs_then_serves_on_localhost(runner, app, bank_dir, monkeypatch):
+    served = {}
+    monkeypatch.setattr(Flask, "run", lambda self, **kwargs: served.update(kwargs))
+    write_bank(bank_dir, {"alpha": ALPHA_DECK})
+    result = runner.invoke(args=["serve"])
+    assert result.exit_code == 0, result.output
+    assert "bank synced" in result.output and "2 retired" in result.output
+    assert served["host"] == "127.0.0.1" and served["port"] == 5000
+
+
+def test_serve_refuses_to_start_on_a_bad_bank(runner, bank_dir, monkeypatch):
+    monkeypatch.setattr(Flask, "run", lambda self, **kwargs: (_ for _ in ()).throw(AssertionError("served")))
+    write_bank(bank_dir, {"alpha": "id: alpha\ntitle: [unclosed\n"})
+    result = runner.invoke(args=["serve"])
+    assert result.exit_code == 1 and "YAML syntax error" in result.output
+
+
+def test_every_listed_command_is_registered(app):
+    for command in cli.COMMANDS:
+        assert app.cli.get_command(None, command.name) is command
