@@ -1,0 +1,260 @@
+"""Start N ranks and run one function on each, or run under torchrun unchanged.
+
+`run_ranks(fn, world_size, *args)` calls `fn(ctx, *args)` on every rank and returns the results in
+rank order. `ctx` carries the rank, the device and the 1-D device mesh, built here and passed
+explicitly. Two ways to get ranks:
+
+- On its own, it spawns `world_size` processes on this machine (CPU + gloo by default) that meet at a
+  free port on 127.0.0.1. A rank that raises, dies or stops making progress ends the whole run with
+  `RankFailed` naming that rank, and every process it started is gone when it returns or raises.
+- Under torchrun (RANK, WORLD_SIZE and LOCAL_RANK in the environment), this process is one rank:
+  NCCL on cuda:LOCAL_RANK when CUDA is present, gloo on CPU otherwise, several nodes through
+  torchrun's rendezvous. The results are exchanged so every rank returns the full list.
+
+Pass several configurations to one call when you can: starting processes and importing torch costs
+seconds, a process group can run many configurations in a row.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import multiprocessing as mp
+import os
+import queue
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+_LABEL_WIDTH = 96  # bytes of shared memory per rank for its last progress label
+
+
+class RankFailed(RuntimeError):
+    """A rank raised, died or hung; the run was ended and every rank process stopped."""
+
+    def __init__(self, rank: int, reason: str):
+        self.rank = rank
+        self.reason = reason
+        super().__init__(f"rank {rank} failed: {reason}")
+
+
+@dataclass
+class RankContext:
+    """What a rank's function gets: who it is, where it runs, and the mesh over all ranks."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str  # "gloo" or "nccl"
+    device: Any  # torch.device
+    mesh: Any  # torch.distributed.device_mesh.DeviceMesh, 1-D over every rank, dim name "dp"
+    _progress_counts: Any = field(default=None, repr=False)
+    _progress_labels: Any = field(default=None, repr=False)
+
+    def mark(self, label: str) -> None:
+        """Record progress. If the run hangs, the rank that got least far is named as the culprit."""
+        if self._progress_counts is None:
+            return
+        self._progress_counts[self.rank] += 1
+        encoded = label.encode()[: _LABEL_WIDTH - 1].ljust(_LABEL_WIDTH, b"\0")
+        start = self.rank * _LABEL_WIDTH
+        self._progress_labels[start : start + _LABEL_WIDTH] = encoded
+
+
+def under_torchrun() -> bool:
+    return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+
+
+def run_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    device: str = "cpu",
+    timeout_s: float = 600.0,
+) -> list[Any]:
+    """Run `fn(ctx, *args)` on `world_size` ranks and return their results in rank order.
+
+    `fn` must be importable by name (a module-level function), because ranks are fresh processes.
+    `device` is "cpu" (gloo) or "cuda" (NCCL, one GPU per rank); under torchrun the environment
+    decides and `world_size` must match WORLD_SIZE.
+    """
+    if under_torchrun():
+        if int(os.environ["WORLD_SIZE"]) != world_size:
+            raise ValueError(f"asked for {world_size} ranks but torchrun started {os.environ['WORLD_SIZE']}")
+        return _run_under_torchrun(fn, args, timeout_s)
+    return _spawn_ranks(fn, world_size, args, device, timeout_s)
+
+
+def is_reporting_rank() -> bool:
+    """Whether this process should print results: always on its own, rank 0 alone under torchrun."""
+    return not under_torchrun() or int(os.environ["RANK"]) == 0
+
+
+# --- inside a rank ----------------------------------------------------------------------------------
+
+
+def _init_rank(rank: int, world_size: int, local_rank: int, device_type: str, init_method: str, timeout_s: float):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+        device, backend = torch.device("cuda", local_rank), "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    dist.init_process_group(
+        backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
+    )
+    mesh = init_device_mesh(device_type, (world_size,), mesh_dim_names=("dp",))
+    return device, backend, mesh
+
+
+def _rank_main(rank, world_size, init_method, device_type, timeout_s, fn, args, results, counts, labels, stack_dir):
+    # Stdout belongs to the parent (its --json output); a rank's prints go to stderr instead.
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    stack_file = open(Path(stack_dir) / f"rank{rank}.txt", "w")  # noqa: SIM115 - open for the process's life
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    try:
+        device, backend, mesh = _init_rank(rank, world_size, rank, device_type, init_method, timeout_s)
+        ctx = RankContext(rank, world_size, rank, backend, device, mesh, counts, labels)
+        ctx.mark("started")
+        result = fn(ctx, *args)
+        results.put((rank, "ok", result))
+    except BaseException:
+        results.put((rank, "error", traceback.format_exc()))
+        sys.exit(1)
+    # Tear down after reporting: a peer's failure must not turn a finished rank's result into an error.
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+
+
+def _run_under_torchrun(fn, args, timeout_s: float) -> list[Any]:
+    import torch
+    import torch.distributed as dist
+
+    rank, world_size, local_rank = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    device, backend, mesh = _init_rank(rank, world_size, local_rank, device_type, "env://", timeout_s)
+    try:
+        result = fn(RankContext(rank, world_size, local_rank, backend, device, mesh), *args)
+        results: list[Any] = [None] * world_size
+        dist.all_gather_object(results, result)
+        return results
+    finally:
+        dist.destroy_process_group()
+
+
+# --- the parent that spawns ranks -------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn_ranks(fn, world_size: int, args: tuple, device_type: str, timeout_s: float) -> list[Any]:
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    counts = context.Array(ctypes.c_longlong, world_size, lock=False)
+    labels = context.Array(ctypes.c_char, world_size * _LABEL_WIDTH, lock=False)
+    init_method = f"tcp://127.0.0.1:{_free_port()}"
+    with tempfile.TemporaryDirectory(prefix="sharding-lab-") as stack_dir:
+        processes = [
+            context.Process(
+                target=_rank_main,
+                args=(rank, world_size, init_method, device_type, timeout_s, fn, args, results, counts, labels, stack_dir),
+                name=f"sharding-lab-rank{rank}",
+                daemon=True,  # dies with the parent even if the parent is killed before cleanup
+            )
+            for rank in range(world_size)
+        ]
+        try:
+            for process in processes:
+                process.start()
+            return _collect(processes, results, counts, labels, Path(stack_dir), timeout_s)
+        finally:
+            _stop_all(processes)
+            results.close()
+            results.cancel_join_thread()
+
+
+def _collect(processes, results, counts, labels, stack_dir: Path, timeout_s: float) -> list[Any]:
+    world_size = len(processes)
+    done: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(done) < world_size:
+        try:
+            rank, status, payload = results.get(timeout=0.2)
+        except queue.Empty:
+            _raise_if_died(processes, done, results)
+            if time.monotonic() > deadline:
+                _raise_hung(processes, done, counts, labels, stack_dir, timeout_s)
+            continue
+        if status == "error":
+            raise RankFailed(rank, f"raised an exception:\n{payload}")
+        done[rank] = payload
+    return [done[rank] for rank in range(world_size)]
+
+
+def _raise_if_died(processes, done, results) -> None:
+    for rank, process in enumerate(processes):
+        if rank in done or process.exitcode is None:
+            continue
+        # Its last message may still be in flight: give the queue a moment before blaming the exit.
+        try:
+            reported_rank, status, payload = results.get(timeout=1.0)
+        except queue.Empty:
+            how = f"killed by signal {-process.exitcode}" if process.exitcode < 0 else f"exit code {process.exitcode}"
+            raise RankFailed(rank, f"process died without reporting ({how})") from None
+        if status == "error":
+            raise RankFailed(reported_rank, f"raised an exception:\n{payload}")
+        done[reported_rank] = payload
+        return
+
+
+def _raise_hung(processes, done, counts, labels, stack_dir: Path, timeout_s: float) -> None:
+    unfinished = [rank for rank in range(len(processes)) if rank not in done]
+
+    def last_label(rank: int) -> str:
+        raw = bytes(labels[rank * _LABEL_WIDTH : (rank + 1) * _LABEL_WIDTH])
+        return raw.rstrip(b"\0").decode(errors="replace") or "(not started)"
+
+    # The rank that got least far is the one the others are waiting for.
+    least = min(counts[rank] for rank in unfinished)
+    laggards = [rank for rank in unfinished if counts[rank] == least]
+    culprit = laggards[0]
+    for rank in unfinished:
+        if processes[rank].is_alive():
+            os.kill(processes[rank].pid, signal.SIGUSR1)  # faulthandler dumps its Python stack
+    time.sleep(0.5)
+    stack = (stack_dir / f"rank{culprit}.txt").read_text(errors="replace").strip()
+    progress = "; ".join(f"rank {r} at {last_label(r)!r}" for r in unfinished)
+    who = "" if len(laggards) == 1 else f" (ranks {laggards} equally far; naming the first)"
+    raise RankFailed(
+        culprit,
+        f"hung: no result within {timeout_s:g} s{who}. Progress: {progress}."
+        + (f"\nIts stack:\n{stack}" if stack else ""),
+    )
+
+
+def _stop_all(processes) -> None:
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(timeout=3)
+        if process.is_alive():
+            process.kill()
+            process.join()

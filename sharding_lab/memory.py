@@ -1,0 +1,225 @@
+"""Per-rank memory: exact bytes of the local model-state tensors, and memory by category over a step.
+
+Two sources, kept apart:
+
+- `model_state_bytes(model, optimizer, world_size)` reads the tensors themselves between steps: the
+  local shard of every parameter (FSDP's DTensors through `to_local()`), its gradient, and the
+  optimizer's state. Exact to the byte; this is what the analytic model predicts.
+- `MemoryTracker` wraps torch's `MemTracker` (DDP) or `FSDPMemTracker` (FSDP), TorchDispatchModes that
+  see every allocation, and reports peak and persistent bytes by category: parameters, gradients,
+  optimizer state, activations, temporaries, all-gather and reduce-scatter buffers. It also keeps
+  each category's own maximum, so "the most gathered parameters held at once" is exact, not sampled.
+  On CUDA, `torch.cuda.max_memory_allocated` is reported beside it as a cross-check (the caching
+  allocator rounds blocks up, so it reads somewhat higher).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+
+# Tracker category -> ours. FSDP's tracker splits parameters and gradients into sharded and unsharded.
+_CATEGORY_NAMES: dict[str, str] = {
+    "Parameter": "params",
+    "Sharded Param": "params",
+    "Unsharded Param": "params",
+    "Gradient": "grads",
+    "Sharded Grad": "grads",
+    "Unsharded Grad": "grads",
+    "Optstate": "optimizer",
+    "OptState": "optimizer",
+    "Activation": "activations",
+    "Temp": "temporaries",
+    "All Gather": "all_gather_buffers",
+    "Reduce Scatter": "reduce_scatter_buffers",
+    "Buffer": "buffers",
+    "Inputs": "inputs",
+    "Other": "other",
+}
+CATEGORIES: tuple[str, ...] = (
+    "params",
+    "grads",
+    "optimizer",
+    "activations",
+    "temporaries",
+    "all_gather_buffers",
+    "reduce_scatter_buffers",
+    "buffers",
+    "inputs",
+    "other",
+)
+_TOTAL = "Total"
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _padded_local_numel(p: torch.Tensor, world_size: int) -> int:
+    """FSDP2 pads dim 0 up to a multiple of N; every rank's shard is then ceil(dim0/N) rows."""
+    if not isinstance(p, DTensor):
+        return p.numel()
+    shape = tuple(p.shape) or (1,)
+    return math.ceil(shape[0] / world_size) * math.prod(shape[1:])
+
+
+def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer, world_size: int) -> dict[str, int]:
+    """Exact bytes of this rank's parameters, gradients and optimizer state, read off the tensors.
+
+    `optimizer_bytes` counts per-element state (Adam's exp_avg and exp_avg_sq); Adam's scalar `step`
+    counters are in `optimizer_scalar_bytes`, since the ZeRO model leaves them out.
+    `padding_elements` is how many elements short of FSDP's padded shard this rank's parameters are
+    (rank 0's shard is never short); `padding_bytes` is what they would cost across params, grads and
+    optimizer state at this run's element sizes, so `model_states_bytes + padding_bytes` is the padded
+    prediction.
+    """
+    params = grads = padding_elements = numel = 0
+    param_element_size = grad_element_size = 4
+    for p in model.parameters():
+        local = _local(p)
+        params += _nbytes(local)
+        numel += local.numel()
+        param_element_size = local.element_size()
+        padding_elements += _padded_local_numel(p, world_size) - local.numel()
+        if p.grad is not None:
+            local_grad = _local(p.grad)
+            grads += _nbytes(local_grad)
+            grad_element_size = local_grad.element_size()
+    optimizer_bytes = scalar_bytes = 0
+    state_elements = 0
+    local_optimizer = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its shard in .optim
+    for state in local_optimizer.state.values():
+        for key, value in state.items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            local = _local(value)
+            if key == "step":
+                scalar_bytes += _nbytes(local)
+            else:
+                optimizer_bytes += _nbytes(local)
+                state_elements += local.numel()
+    optimizer_per_element = optimizer_bytes / state_elements if state_elements else 8
+    return {
+        "params_bytes": params,
+        "grads_bytes": grads,
+        "optimizer_bytes": optimizer_bytes,
+        "optimizer_scalar_bytes": scalar_bytes,
+        "model_states_bytes": params + grads + optimizer_bytes,
+        "local_param_elements": numel,
+        "padding_elements": padding_elements,
+        "padding_bytes": int(padding_elements * (param_element_size + grad_element_size + optimizer_per_element)),
+    }
+
+
+def _normalise(snapshot: dict[str, int]) -> dict[str, int]:
+    categories = dict.fromkeys(CATEGORIES, 0)
+    for name, value in snapshot.items():
+        key = getattr(name, "value", name)
+        if key != _TOTAL:
+            categories[_CATEGORY_NAMES.get(key, "other")] += value
+    return categories
+
+
+def _unsharded_params(snapshot: dict[str, int], fsdp: bool) -> int:
+    wanted = "Unsharded Param" if fsdp else "Parameter"  # DDP's parameters are never sharded
+    return sum(v for k, v in snapshot.items() if getattr(k, "value", k) == wanted)
+
+
+class _KeepsCategoryPeaks:
+    """Mixin for torch's trackers: remember each category's largest value, at every update."""
+
+    def _update_snap(self, *args: Any, **kwargs: Any) -> None:
+        super()._update_snap(*args, **kwargs)
+        peaks = self.__dict__.setdefault("category_peaks", {})
+        for device, snapshot in self._curr_mem_snap.items():
+            device_peaks = peaks.setdefault(device, {})
+            for key, value in snapshot.items():
+                if value > device_peaks.get(key, 0):
+                    device_peaks[key] = value
+
+
+class _FSDPTracker(_KeepsCategoryPeaks, FSDPMemTracker):
+    pass
+
+
+class _PlainTracker(_KeepsCategoryPeaks, MemTracker):
+    pass
+
+
+class MemoryTracker:
+    """Track one rank's memory over the steps run inside `with tracker:`."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device):
+        self.device = device
+        self.fsdp = isinstance(model, FSDPModule)
+        if self.fsdp:
+            self._tracker: MemTracker = _FSDPTracker(model, optimizer)
+        else:
+            self._tracker = _PlainTracker()
+            self._tracker.track_external(model, getattr(optimizer, "optim", optimizer))
+        self.after_forward: dict[str, int] | None = None
+        self.persistent: dict[str, int] | None = None
+
+    def track_inputs(self, *inputs: torch.Tensor) -> None:
+        if self.fsdp:
+            self._tracker.track_inputs(inputs)
+
+    def __enter__(self) -> MemoryTracker:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self._tracker.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._tracker.__exit__(*exc)
+
+    def _current(self) -> dict:
+        return self._tracker.get_tracker_snapshot("current").get(self._device_key(), {})
+
+    def _device_key(self) -> torch.device:
+        return torch.device("cpu") if self.device.type == "cpu" else self.device
+
+    def unsharded_params_now(self) -> int:
+        return _unsharded_params(self._current(), self.fsdp)
+
+    def mark_after_forward(self) -> None:
+        self.after_forward = self._current()
+
+    def mark_persistent(self) -> None:
+        """Call between steps (after `optimizer.step()`): what stays allocated until the next step."""
+        self.persistent = self._current()
+
+    def result(self) -> dict:
+        key = self._device_key()
+        peak = self._tracker.get_tracker_snapshot("peak").get(key, {})
+        category_peaks = getattr(self._tracker, "category_peaks", {}).get(key, {})
+        persistent = self.persistent or {}
+        return {
+            "peak_bytes": int(peak.get(_TOTAL, 0)),
+            "persistent_bytes": int(persistent.get(_TOTAL, 0)),
+            # The breakdown of the peak moment: these add up to peak_bytes.
+            "categories": _normalise(peak),
+            # Each category's own maximum over the step (they need not coincide in time).
+            "category_peaks": {
+                name: value for name, value in _normalise(category_peaks).items()
+            },
+            "persistent_categories": _normalise(persistent),
+            "unsharded_params_peak_bytes": int(_unsharded_params(category_peaks, self.fsdp)),
+            "unsharded_params_at_peak_bytes": int(_unsharded_params(peak, self.fsdp)),
+            "unsharded_params_after_forward_bytes": int(_unsharded_params(self.after_forward or {}, self.fsdp)),
+            "tracker": type(self._tracker).__mro__[2].__name__,
+            "cuda_max_memory_allocated": (
+                int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda" else None
+            ),
+        }

@@ -1,0 +1,183 @@
+"""One `parallelize` function that applies a data-parallel strategy to a model, torchtitan style.
+
+The model knows nothing of parallelism. `parallelize(model, strategy, mesh, options)` wraps or shards
+it and returns the model with a factory for the optimizer that strategy needs, because ZeRO-1 shards
+the optimizer itself while the FSDP strategies shard the parameters the optimizer sees.
+
+Order for a model built on the meta device: FSDP strategies shard first and materialize after
+(`to_empty`, then `init_weights()`), so no rank ever holds the full model; DDP strategies need real
+parameters before wrapping, because DDP broadcasts rank 0's parameters when it is constructed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.nn.parallel import DistributedDataParallel
+
+STRATEGY_DESCRIPTIONS: dict[str, str] = {
+    "ddp": (
+        "DistributedDataParallel: every rank holds the full parameters, gradients and Adam state. "
+        "In backward, gradients are all-reduced in buckets (an average across ranks), so every rank "
+        "steps the same full optimizer on the same full gradient."
+    ),
+    "zero1": (
+        "DDP plus torch.distributed.optim.ZeroRedundancyOptimizer: each rank keeps Adam state only for "
+        "the parameters it owns (whole tensors, assigned greedily by size, so the split is close to 1/N "
+        "but not exact). Unlike the ZeRO paper, which reduce-scatters gradients and all-gathers the "
+        "updated parameters, PyTorch's version still all-reduces the full gradient through DDP and then "
+        "broadcasts each updated parameter from its owner: same optimizer-state saving, and gradients "
+        "and parameters stay replicated."
+    ),
+    "zero2": (
+        "FSDP2 fully_shard per block and on the root with reshard_after_forward=False: parameters, "
+        "gradients and Adam state are sharded between steps; a block's parameters are all-gathered "
+        "once before its forward and stay unsharded until its backward, and gradients are "
+        "reduce-scattered per block. DeepSpeed's ZeRO-2 instead keeps the full parameters replicated "
+        "on every rank at all times and only shards gradients and optimizer state (reduce-scatter of "
+        "gradients, all-gather of the updated parameters after the step). FSDP2 in this mode holds all "
+        "blocks unsharded only from forward to backward, and is sharded again between steps."
+    ),
+    "zero3": (
+        "FSDP2 fully_shard per block and on the root with reshard_after_forward=True (ZeRO stage 3): "
+        "parameters, gradients and Adam state are sharded. Each block's parameters are all-gathered "
+        "just before its forward, freed after it, all-gathered again before its backward, and its "
+        "gradients reduce-scattered so each rank keeps its 1/N slice. The root stays unsharded from "
+        "forward to backward because backward needs it first."
+    ),
+}
+STRATEGY_ALIASES: dict[str, str] = {"fsdp": "zero3"}
+STRATEGIES: tuple[str, ...] = tuple(STRATEGY_DESCRIPTIONS)  # canonical names, in ZeRO-stage order
+
+
+@dataclass(frozen=True)
+class ParallelOptions:
+    prefetch: bool = True
+    """FSDP: explicit prefetching. On, each unit issues the next unit's all-gather right after its own
+    (forward: the next block; backward: the previous block). Off, no prefetching at all (FSDP's
+    implicit backward prefetch is switched off too): every all-gather is issued by the unit that
+    needs it."""
+    mixed_precision: bool = False
+    """bf16 parameters for compute, fp32 gradient reduction; the sharded/master copies stay fp32."""
+    reshard_after_forward: bool | None = None
+    """FSDP: override the strategy's choice (zero2: False, zero3: True) for the blocks."""
+    lr: float = 1e-3
+    """Adam's learning rate."""
+
+
+def canonical_strategy(strategy: str) -> str:
+    """The strategy's canonical name; raises ValueError naming the valid ones."""
+    name = STRATEGY_ALIASES.get(strategy, strategy)
+    if name not in STRATEGY_DESCRIPTIONS:
+        valid = ", ".join([*STRATEGIES, *STRATEGY_ALIASES])
+        raise ValueError(f"unknown strategy {strategy!r}; choose one of {valid}")
+    return name
+
+
+def describe(strategy: str) -> str:
+    return STRATEGY_DESCRIPTIONS[canonical_strategy(strategy)]
+
+
+def is_fully_sharded(strategy: str) -> bool:
+    """Whether the strategy shards parameters with FSDP2 (and so can start on the meta device)."""
+    return canonical_strategy(strategy) in ("zero2", "zero3")
+
+
+OptimizerFactory = Callable[[], torch.optim.Optimizer]
+
+
+def parallelize(
+    model: nn.Module, strategy: str, mesh: DeviceMesh, options: ParallelOptions | None = None
+) -> tuple[nn.Module, OptimizerFactory]:
+    """Apply `strategy` over the 1-D data-parallel `mesh`; return the model and its optimizer factory.
+
+    The model must expose `model.blocks` (the units FSDP shards one at a time).
+    """
+    options = options or ParallelOptions()
+    strategy = canonical_strategy(strategy)
+    if strategy in ("ddp", "zero1"):
+        return _apply_ddp(model, strategy, mesh, options)
+    reshard = strategy == "zero3" if options.reshard_after_forward is None else options.reshard_after_forward
+    return _apply_fsdp(model, mesh, options, reshard_after_forward=reshard)
+
+
+def _adam(params, lr: float) -> torch.optim.Optimizer:
+    # foreach=False: one plain loop, so optimizer state is exactly two fp32 tensors per parameter
+    # and no hidden temporaries; fused kernels do not exist for every device we run on.
+    return torch.optim.Adam(params, lr=lr, foreach=False)
+
+
+def _apply_ddp(
+    model: nn.Module, strategy: str, mesh: DeviceMesh, options: ParallelOptions
+) -> tuple[nn.Module, OptimizerFactory]:
+    device = next(model.parameters()).device
+    mixed_precision = None
+    if options.mixed_precision:
+        # DDP's own (still private) mixed precision: bf16 copies for compute, fp32 reduction.
+        from torch.nn.parallel.distributed import _MixedPrecision
+
+        mixed_precision = _MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    ddp_model = DistributedDataParallel(
+        model,
+        device_ids=[device.index] if device.type == "cuda" else None,
+        process_group=mesh.get_group(),
+        # Gradients live inside DDP's all-reduce buckets instead of beside them: one copy, not two.
+        gradient_as_bucket_view=True,
+        mixed_precision=mixed_precision,
+    )
+    if strategy == "ddp":
+        return ddp_model, lambda: _adam(ddp_model.parameters(), options.lr)
+
+    def make_zero1_optimizer() -> torch.optim.Optimizer:
+        return ZeroRedundancyOptimizer(
+            ddp_model.parameters(),
+            optimizer_class=torch.optim.Adam,
+            process_group=mesh.get_group(),
+            lr=options.lr,
+            foreach=False,
+        )
+
+    return ddp_model, make_zero1_optimizer
+
+
+def _apply_fsdp(
+    model: nn.Module, mesh: DeviceMesh, options: ParallelOptions, *, reshard_after_forward: bool
+) -> tuple[nn.Module, OptimizerFactory]:
+    # One config shared by every fully_shard call, as torchtitan does.
+    fsdp_config: dict = {"mesh": mesh}
+    if options.mixed_precision:
+        fsdp_config["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+    # 1. Each block is its own unit: one all-gather and one reduce-scatter per block.
+    blocks = list(model.blocks)
+    for block in blocks:
+        fully_shard(block, **fsdp_config, reshard_after_forward=reshard_after_forward)
+    # 2. The root takes what is left (embeddings, final norm, head). Backward needs it first, so it
+    #    is never resharded after forward (FSDP's own default for the root).
+    fully_shard(model, **fsdp_config, reshard_after_forward=False)
+
+    # 3. Prefetching, explicit either way so the measurements do not depend on FSDP's defaults. The
+    #    forward order is root, blocks[0], ..., blocks[-1]; backward runs it in reverse.
+    order = [model, *blocks]
+    for i, module in enumerate(order):
+        if options.prefetch:
+            module.set_modules_to_forward_prefetch(blocks[i : i + 1])  # the module after this one
+            module.set_modules_to_backward_prefetch(blocks[i - 2 : i - 1] if i >= 2 else [])
+        else:
+            # An empty explicit list means "FSDP's default", which still prefetches in backward.
+            _disable_implicit_backward_prefetch(module)
+    if options.prefetch:
+        model.set_modules_to_backward_prefetch([blocks[-1]])  # backward starts at the root
+
+    return model, lambda: _adam(model.parameters(), options.lr)
+
+
+def _disable_implicit_backward_prefetch(fsdp_module: nn.Module) -> None:
+    for group in fsdp_module._get_fsdp_state()._fsdp_param_groups:
+        group._backward_prefetch = lambda: None  # instance attribute shadows the method
