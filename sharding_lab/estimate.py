@@ -93,10 +93,10 @@ def paper_style(gigabytes: float) -> str:
 
 
 def format_bytes(num_bytes: float) -> str:
-    """Bytes in the largest decimal unit that keeps the figure >= 1 (the paper's GB is 1e9)."""
+    """Bytes to 4 significant figures in the largest decimal unit that keeps them >= 1 (GB is 1e9 B)."""
     for unit, size in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
         if abs(num_bytes) >= size:
-            return f"{num_bytes / size:.2f} {unit}"
+            return f"{num_bytes / size:.4g} {unit}"
     return f"{num_bytes:.0f} B"
 
 
@@ -114,42 +114,48 @@ def _print_json(obj: dict) -> None:
 def _render_analytic(report: dict, console) -> None:
     from rich.table import Table
 
-    precision = "mixed precision (K = 12)" if report["mixed_precision"] else "fp32 Adam"
+    precision = "mixed precision, K = 12" if report["mixed_precision"] else "fp32 Adam"
     table = Table(
-        title=f"Per-rank model states and communication: {_params_label(report['params'])} params, "
-        f"N = {report['world_size']}, {precision}"
+        title=f"Per rank: {_params_label(report['params'])} params, N = {report['world_size']}, {precision}"
     )
     table.add_column("strategy")
     for part in (*MODEL_STATE_PARTS, "total"):
         table.add_column(part, justify="right")
-    table.add_column("comm / step (paper)", justify="right")
-    table.add_column("wire / rank (ring, derived)", justify="right")
+    table.add_column("comm/step", justify="right")
+    table.add_column("wire", justify="right")
     for strategy, figures in report["strategies"].items():
         states = figures["model_states_bytes_per_rank"]
         comm = figures["communication_per_step"]
         table.add_row(
-            f"{strategy} ({PAPER_STAGE_NAMES[strategy]})",
+            strategy,
             *(format_bytes(states[part]) for part in (*MODEL_STATE_PARTS, "total")),
-            f"{comm['multiple_of_params']}Ψ = {format_bytes(comm['bytes'])}",
+            format_bytes(comm["bytes"]),
             format_bytes(comm["wire_bytes"]),
         )
     console.print(table)
+    console.print(
+        "comm/step: the paper's volume per rank, 2Ψ elements for ddp, zero1, zero2 and 3Ψ for zero3; "
+        "wire: per-rank bytes sent, "
+        "derived from ring all-gather/reduce-scatter (N-1)/N·S and all-reduce 2(N-1)/N·S."
+    )
 
 
 def _render_table1(rows: list[dict], console) -> None:
     from rich.table import Table
 
-    table = Table(title="ZeRO paper Table 1: per-device model-state memory, GB (1e9 B), K = 12")
+    table = Table(title="ZeRO paper Table 1: per-device model states, GB (1e9 B), mixed precision, K = 12")
+    table.add_column("model")
     table.add_column("DP", justify="right")
-    for num_params in TABLE1_PARAMS:
-        for column in PAPER_STAGE_NAMES.values():
-            table.add_column(f"{_params_label(num_params)} {column}", justify="right")
-    for world_size in TABLE1_WORLD_SIZES:
-        cells = [str(world_size)]
-        for num_params in TABLE1_PARAMS:
-            row = next(r for r in rows if r["params"] == num_params and r["world_size"] == world_size)
-            cells.extend(paper_style(row[column]) for column in PAPER_STAGE_NAMES.values())
-        table.add_row(*cells)
+    for column in PAPER_STAGE_NAMES.values():
+        table.add_column(column, justify="right")
+    for row in rows:
+        first_of_model = row["world_size"] == TABLE1_WORLD_SIZES[0]
+        table.add_row(
+            _params_label(row["params"]) if first_of_model else "",
+            str(row["world_size"]),
+            *(paper_style(row[column]) for column in PAPER_STAGE_NAMES.values()),
+            end_section=row["world_size"] == TABLE1_WORLD_SIZES[-1],
+        )
     console.print(table)
 
 
@@ -172,9 +178,10 @@ def _render_simulation(result: dict, console) -> None:
         )
     table.add_row("model states total", format_bytes(result["per_rank"]["model_states"]), format_bytes(predicted["total"]))
     console.print(table)
+    match = "yes" if result["model_states_match_prediction"] else "NO"
     console.print(
-        f"wall time {result['wall_s']:.1f} s, peak host RSS {format_bytes(result['peak_rss_bytes'])} "
-        f"({result['method']})"
+        f"model states match the prediction exactly: {match}. Wall time {result['wall_s']:.1f} s, "
+        f"peak host RSS {format_bytes(result['peak_rss_bytes'])}. Method: {result['method']}."
     )
 
 
@@ -196,7 +203,9 @@ def run_estimate(args: argparse.Namespace) -> int:
     if args.simulate:
         from sharding_lab.simulate import simulate
 
-        simulation = simulate(args.size, args.world_size, batch=args.batch, seq=args.seq)
+        simulation = simulate(
+            args.size, args.world_size, batch=args.batch, seq=args.seq, mixed_precision=args.mixed_precision
+        )
         num_params = simulation["num_params"]
     elif args.params is None:
         raise SystemExit("sharding-lab estimate: --params is required (or use --simulate --size NAME, or --table1)")
@@ -237,12 +246,14 @@ def register(subparsers) -> None:
     parser.add_argument("--params", type=_param_count_arg, help="parameter count: 7.5e9, 7.5B, 128B, 1T")
     parser.add_argument("--world-size", type=int, help="data-parallel ranks N")
     parser.add_argument(
-        "--mixed-precision", action="store_true", help="fp16 params and grads, K = 12 bytes of Adam state"
+        "--mixed-precision",
+        action="store_true",
+        help="fp16 params and grads, K = 12 bytes of Adam state; with --simulate, bf16 FSDP2 compute",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--table1", action="store_true", help="reproduce the ZeRO paper's Table 1")
     parser.add_argument("--simulate", action="store_true", help="simulate FSDP2 on fake tensors and a fake process group")
     parser.add_argument("--size", default="tiny", help="model size for --simulate (tiny, gpt2-small, ..., 70b)")
     parser.add_argument("--batch", type=int, default=1, help="micro-batch size per rank for --simulate")
-    parser.add_argument("--seq", type=int, default=128, help="sequence length for --simulate")
+    parser.add_argument("--seq", type=int, help="sequence length for --simulate (default: 128 or block_size)")
     parser.set_defaults(func=run_estimate)

@@ -1,0 +1,131 @@
+"""`sharding-lab estimate`: argument forms, the --json object, and the rich tables."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+
+from sharding_lab import estimate
+from sharding_lab.estimate import parse_param_count
+
+
+def run_estimate_cli(argv: list[str]) -> int:
+    """Parse `argv` as the sharding-lab CLI would (a subparser registered by estimate) and dispatch."""
+    parser = argparse.ArgumentParser(prog="sharding-lab")
+    estimate.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["estimate", *argv])
+    return args.func(args)
+
+
+def estimate_json(argv: list[str], capsys) -> dict:
+    assert run_estimate_cli([*argv, "--json"]) == 0
+    out = capsys.readouterr().out
+    return json.loads(out)  # exactly one JSON object: json.loads rejects anything after it
+
+
+@pytest.mark.parametrize(
+    ("text", "count"),
+    [
+        ("7.5e9", 7_500_000_000),
+        ("7.5B", 7_500_000_000),
+        ("7.5b", 7_500_000_000),
+        ("128B", 128_000_000_000),
+        ("1T", 1_000_000_000_000),
+        ("350M", 350_000_000),
+        ("1000", 1000),
+        ("1.2e12", 1_200_000_000_000),
+    ],
+)
+def test_param_counts_in_every_form(text, count):
+    assert parse_param_count(text) == count
+
+
+@pytest.mark.parametrize("text", ["seven", "1.5", "0", "-3B", "12X", ""])
+def test_bad_param_counts_are_refused(text):
+    with pytest.raises(ValueError):
+        parse_param_count(text)
+
+
+def test_bad_params_argument_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_estimate_cli(["--params", "lots", "--world-size", "4"])
+    assert exit_info.value.code == 2
+    assert "not a parameter count" in capsys.readouterr().err
+
+
+def test_json_has_model_states_per_strategy(capsys):
+    report = estimate_json(["--params", "7.5B", "--world-size", "64", "--mixed-precision"], capsys)
+    assert report["params"] == 7_500_000_000
+    assert report["world_size"] == 64
+    assert set(report["strategies"]) == {"ddp", "zero1", "zero2", "zero3"}
+    psi = 7_500_000_000
+    assert report["strategies"]["zero1"]["model_states_bytes_per_rank"] == {
+        "params": 2 * psi,
+        "grads": 2 * psi,
+        "optimizer": 12 * psi // 64,
+        "total": 4 * psi + 12 * psi // 64,
+    }
+    assert report["strategies"]["zero3"]["model_states_bytes_per_rank"]["total"] == 16 * psi // 64
+    # Mixed precision communicates fp16: 3Ψ elements of 2 bytes for stage 3.
+    comm = report["strategies"]["zero3"]["communication_per_step"]
+    assert comm["elements"] == 3 * psi
+    assert comm["bytes"] == 6 * psi
+    assert report["strategies"]["ddp"]["communication_per_step"]["elements"] == 2 * psi
+
+
+def test_fp32_json(capsys):
+    report = estimate_json(["--params", "1000", "--world-size", "4"], capsys)
+    assert report["strategies"]["zero2"]["model_states_bytes_per_rank"] == {
+        "params": 4000,
+        "grads": 1000,
+        "optimizer": 2000,
+        "total": 7000,
+    }
+
+
+def test_table_on_a_terminal(capsys):
+    assert run_estimate_cli(["--params", "7.5B", "--world-size", "64", "--mixed-precision"]) == 0
+    out = capsys.readouterr().out
+    for strategy in ("ddp", "zero1", "zero2", "zero3"):
+        assert strategy in out
+    assert "120 GB" in out  # ddp total
+    assert "1.875 GB" in out  # zero3 total
+    assert "234.4 MB" in out  # zero3 params: 2 x 7.5e9 / 64
+
+
+def test_table1_json_and_table(capsys):
+    rows = estimate_json(["--table1"], capsys)["table1"]
+    assert len(rows) == 18
+    assert run_estimate_cli(["--table1"]) == 0
+    out = capsys.readouterr().out
+    for cell in ("52.5", "41.3", "31.4", "16.6", "1.88", "0.12", "2048", "896", "16000", "62.5", "15.6"):
+        assert cell in out
+
+
+def test_world_size_is_required_without_table1():
+    with pytest.raises(SystemExit, match="--world-size is required"):
+        run_estimate_cli(["--params", "7.5B"])
+    with pytest.raises(SystemExit, match="--params is required"):
+        run_estimate_cli(["--world-size", "8"])
+
+
+def test_json_from_a_fresh_process_is_one_object():
+    # What a script sees: stdout holds exactly one JSON object and nothing else.
+    code = (
+        "import argparse, sys; from sharding_lab import estimate; "
+        "p = argparse.ArgumentParser(); estimate.register(p.add_subparsers()); "
+        "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", code, "estimate", "--params", "128B", "--world-size", "1024", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    report = json.loads(completed.stdout)
+    assert report["strategies"]["zero3"]["model_states_bytes_per_rank"]["total"] == 16 * 128_000_000_000 // 1024
