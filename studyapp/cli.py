@@ -13,6 +13,7 @@ from flask import Flask, current_app
 from flask.cli import AppGroup, FlaskGroup, with_appcontext
 
 from sharding_lab.catalog import lab_info
+from studyapp.anki_export import export_anki_command
 from studyapp.bank import BankError, load_bank, quiz_to_yaml
 from studyapp.db import get_engine
 from studyapp.sync import SyncReport, sync_bank
@@ -88,6 +89,7 @@ def bank_import_quiz_command(quiz_file: str, deck_id: str, out: str | None) -> N
 COMMANDS = (
     serve_command,
     bank_group,
+    export_anki_command,
 )
 
 

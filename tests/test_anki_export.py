@@ -1,0 +1,378 @@
+"""The Anki export, checked by importing it into a real Anki collection (the `anki` package)."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import genanki
+import pytest
+import yaml
+from anki.collection import Collection, ImportAnkiPackageOptions, ImportAnkiPackageRequest
+
+from studyapp import anki_note_type
+from studyapp.anki_export import (
+    ALL_DECKS_FILE,
+    DEFAULT_EXPORTS_DIR,
+    LAB_RESULTS_FILE,
+    MANIFEST_FILE,
+    Manifest,
+    Stamp,
+    export_anki,
+    read_lab_results,
+    read_manifest,
+    read_package,
+    render_note,
+    restamp,
+)
+from studyapp.anki_note_type import FIELDS, NOTE_TYPE_ID, NOTE_TYPE_NAME
+from studyapp.bank import load_bank
+
+T0 = int(time.time()) - 86_400  # the first export, a day ago: the learner's edits come later
+
+LAB_RESULT = {
+    "lab": "what-fsdp-shards",
+    "claim": "Under FSDP each rank holds about 1/N.",
+    "holds": True,
+    "finding": "optimizer state is 2.00x the parameter bytes per rank under DDP and 0.50x under FSDP at 2 ranks",
+    "measurements": {},
+    "config": {"strategy": "fsdp", "world_size": 2, "backend": "gloo", "device": "cpu", "torch_version": "2.13.0"},
+}
+
+
+def _question(qid: str, prompt: str, lab: str = "what-fsdp-shards", tags: tuple[str, ...] = ("memory",)) -> dict:
+    return {
+        "id": qid,
+        "prompt": prompt,
+        "choices": [
+            {"text": f"Right answer to {qid}", "correct": True},
+            {"text": f"Wrong answer to {qid}", "why_wrong": f"Why {qid}'s distractor is wrong."},
+            {"text": f"Another wrong answer to {qid}", "why_wrong": "Because it moves no data."},
+        ],
+        "explanation": f"Why the answer to {qid} is right.\nA second line.",
+        "lab": lab,
+        "tags": list(tags),
+    }
+
+
+def write_bank(root: Path, edits: dict[str, str] | None = None, extra: list[dict] | None = None) -> Path:
+    """A two-deck bank in `root`; `edits` maps a question id to a new prompt."""
+    decks = {
+        "fsdp": ("Fully Sharded Data Parallel", [_question(f"fsdp-q{i}", f"FSDP question {i}?") for i in range(1, 4)]),
+        "zero": (
+            "ZeRO and Sharded Optimizers",
+            [_question(f"zero-q{i}", f"ZeRO question {i}?", lab="adam-optimizer-state", tags=("zero", "optimizer")) for i in range(1, 3)],
+        ),
+    }
+    decks["zero"][1].extend(extra or [])
+    root.mkdir(parents=True, exist_ok=True)
+    for deck_id, (title, questions) in decks.items():
+        for question in questions:
+            question["prompt"] = (edits or {}).get(question["id"], question["prompt"])
+        text = yaml.safe_dump({"id": deck_id, "title": title, "description": f"{title} & more", "questions": questions}, sort_keys=False)
+        (root / f"{deck_id}.yaml").write_text(text, encoding="utf-8")
+    return root
+
+
+@pytest.fixture
+def collection(tmp_path):
+    (tmp_path / "learner").mkdir()
+    col = Collection(str(tmp_path / "learner" / "collection.anki2"))
+    yield col
+    col.close()
+
+
+def import_package(col: Collection, path: Path) -> dict[str, list[str]]:
+    """Import like Anki's dialog does by default (update a note when the incoming one is newer)."""
+    response = col.import_anki_package(ImportAnkiPackageRequest(package_path=str(path), options=ImportAnkiPackageOptions()))
+    log = response.log
+    guid_of = dict(col.db.all("SELECT id, guid FROM notes"))
+    kinds = ("new", "updated", "duplicate", "conflicting", "first_field_match", "missing_notetype", "missing_deck")
+    return {kind: sorted(guid_of.get(note.id.nid, "?") for note in getattr(log, kind)) for kind in kinds}
+
+
+def notes_in(col: Collection) -> dict[str, dict]:
+    """guid -> the note as the learner's collection holds it."""
+    rows = col.db.all(
+        "SELECT n.guid, n.flds, n.tags, n.mod, n.mid, c.did FROM notes n JOIN cards c ON c.nid = n.id"
+    )
+    return {
+        guid: {"fields": dict(zip(FIELDS, flds.split("\x1f"), strict=True)), "tags": set(tags.split()), "mod": mod, "mid": mid, "deck": col.decks.name(did)}
+        for guid, flds, tags, mod, mid, did in rows
+    }
+
+
+def guid(qid: str) -> str:
+    return genanki.guid_for(qid)
+
+
+# --- Importing into Anki ---------------------------------------------------------------------
+
+
+def test_every_question_is_a_note_with_the_expected_fields(tmp_path, collection):
+    decks = load_bank(write_bank(tmp_path / "bank"))
+    written = export_anki(decks, tmp_path / "out", {"what-fsdp-shards": LAB_RESULT}, T0)
+    assert sorted(p.name for p in written) == [ALL_DECKS_FILE, "fsdp.apkg", "zero.apkg"]
+
+    log = import_package(collection, tmp_path / "out" / ALL_DECKS_FILE)
+    questions = [q for deck in decks for q in deck.questions]
+    assert log["new"] == sorted(guid(q.id) for q in questions)
+    assert not log["updated"] and not log["duplicate"] and not log["conflicting"]
+
+    notes = notes_in(collection)
+    assert len(notes) == len(questions) == 5
+    for question in questions:
+        note = notes[guid(question.id)]
+        expected = render_note(question, LAB_RESULT if question.lab == "what-fsdp-shards" else None)
+        assert tuple(note["fields"].values()) == expected.fields
+        assert note["tags"] == set(expected.tags) == {question.deck_id, *question.tags, question.lab}
+        assert note["mod"] == T0
+        assert note["mid"] == NOTE_TYPE_ID
+    first = notes[guid("fsdp-q1")]
+    assert first["deck"] == "Sharding study::Fully Sharded Data Parallel"
+    assert first["fields"]["Question"] == "FSDP question 1?"
+    assert first["fields"]["Answer"] == "Right answer to fsdp-q1"
+    assert first["fields"]["AnswerNumber"] == "1"
+    assert first["fields"]["Explanation"] == "Why the answer to fsdp-q1 is right.<br>A second line."
+    assert "Wrong answer to fsdp-q1</i>: Why fsdp-q1's distractor is wrong." in first["fields"]["WhyWrong"]
+    assert "Right answer" not in first["fields"]["WhyWrong"]
+    assert first["fields"]["LabTitle"] == "What FSDP shards that DDP replicates"
+    assert first["fields"]["LabCommand"] == "sharding-lab run what-fsdp-shards"
+    assert notes[guid("zero-q2")]["deck"] == "Sharding study::ZeRO and Sharded Optimizers"
+    assert {d.name for d in collection.decks.all_names_and_ids()} >= {
+        "Sharding study",
+        "Sharding study::Fully Sharded Data Parallel",
+        "Sharding study::ZeRO and Sharded Optimizers",
+    }
+    note_type = collection.models.get(NOTE_TYPE_ID)
+    assert note_type["name"] == NOTE_TYPE_NAME
+    assert [f["name"] for f in note_type["flds"]] == list(FIELDS)
+
+
+def test_each_deck_package_holds_its_own_deck_and_imports_alongside_the_others(tmp_path, collection):
+    export_anki(load_bank(write_bank(tmp_path / "bank")), tmp_path / "out", {}, T0)
+    fsdp = read_package(tmp_path / "out" / "fsdp.apkg")
+    assert fsdp.deck_names == {"Sharding study::Fully Sharded Data Parallel"}
+    assert set(fsdp.notes) == {guid(f"fsdp-q{i}") for i in (1, 2, 3)}
+
+    assert len(import_package(collection, tmp_path / "out" / "fsdp.apkg")["new"]) == 3
+    assert len(import_package(collection, tmp_path / "out" / "zero.apkg")["new"]) == 2
+    # The combined package then only meets notes the learner already has: nothing new, nothing doubled.
+    log = import_package(collection, tmp_path / "out" / ALL_DECKS_FILE)
+    assert (len(log["new"]), len(log["updated"]), len(log["duplicate"])) == (0, 0, 5)
+    assert len(notes_in(collection)) == 5
+    assert len([m for m in collection.models.all_names_and_ids() if m.name.startswith(NOTE_TYPE_NAME)]) == 1
+
+
+def test_an_unchanged_reexport_changes_nothing_and_keeps_the_learners_edits(tmp_path, collection):
+    bank = load_bank(write_bank(tmp_path / "bank"))
+    export_anki(bank, tmp_path / "out", {}, T0)
+    import_package(collection, tmp_path / "out" / ALL_DECKS_FILE)
+    manifest_before = (tmp_path / "out" / MANIFEST_FILE).read_text()
+
+    # The learner adds a mnemonic to one note in Anki.
+    note = collection.get_note(collection.db.scalar("SELECT id FROM notes WHERE guid = ?", guid("fsdp-q2")))
+    note["Explanation"] += "<br>My mnemonic."
+    collection.update_note(note)
+
+    export_anki(load_bank(tmp_path / "bank"), tmp_path / "out", {}, T0 + 3600)
+    assert (tmp_path / "out" / MANIFEST_FILE).read_text() == manifest_before
+    log = import_package(collection, tmp_path / "out" / ALL_DECKS_FILE)
+    assert (len(log["new"]), len(log["updated"]), len(log["duplicate"])) == (0, 0, 5)
+    notes = notes_in(collection)
+    assert notes[guid("fsdp-q2")]["fields"]["Explanation"].endswith("My mnemonic.")
+    assert {n["mod"] for g, n in notes.items() if g != guid("fsdp-q2")} == {T0}
+
+
+def test_editing_one_question_updates_exactly_that_note(tmp_path, collection):
+    export_anki(load_bank(write_bank(tmp_path / "bank")), tmp_path / "out", {}, T0)
+    import_package(collection, tmp_path / "out" / ALL_DECKS_FILE)
+    ids_before = dict(collection.db.all("SELECT guid, id FROM notes"))
+
+    write_bank(tmp_path / "bank", edits={"zero-q1": "ZeRO question 1, reworded?"})
+    now = T0 + 3600
+    export_anki(load_bank(tmp_path / "bank"), tmp_path / "out", {}, now)
+    stamps = read_manifest(tmp_path / "out" / MANIFEST_FILE).notes
+    assert stamps["zero-q1"].mod == now
+    assert {s.mod for qid, s in stamps.items() if qid != "zero-q1"} == {T0}
+
+    log = import_package(collection, tmp_path / "out" / ALL_DECKS_FILE)
+    assert log["updated"] == [guid("zero-q1")]
+    assert not log["new"] and not log["conflicting"]
+    assert len(log["duplicate"]) == 4
+    notes = notes_in(collection)
+    assert len(notes) == 5  # no duplicate note
+    assert notes[guid("zero-q1")]["fields"]["Question"] == "ZeRO question 1, reworded?"
+    assert dict(collection.db.all("SELECT guid, id FROM notes")) == ids_before  # same notes, updated in place
+
+    # Importing the same package again is a no-op; so is an older package.
+    log = import_package(collection, tmp_path / "out" / "zero.apkg")
+    assert (len(log["new"]), len(log["updated"]), len(log["duplicate"])) == (0, 0, 2)
+
+
+def test_a_new_question_is_one_new_note(tmp_path, collection):
+    export_anki(load_bank(write_bank(tmp_path / "bank")), tmp_path / "out", {}, T0)
+    import_package(collection, tmp_path / "out" / ALL_DECKS_FILE)
+    write_bank(tmp_path / "bank", extra=[_question("zero-q9", "A new question?", lab="adam-optimizer-state")])
+    export_anki(load_bank(tmp_path / "bank"), tmp_path / "out", {}, T0 + 60)
+    log = import_package(collection, tmp_path / "out" / "zero.apkg")
+    assert (log["new"], log["updated"], len(log["duplicate"])) == ([guid("zero-q9")], [], 2)
+
+
+def test_a_new_lab_result_updates_the_notes_of_that_lab_only(tmp_path, collection):
+    bank = load_bank(write_bank(tmp_path / "bank"))
+    export_anki(bank, tmp_path / "out", {}, T0)
+    import_package(collection, tmp_path / "out" / ALL_DECKS_FILE)
+    assert "Not run yet" in notes_in(collection)[guid("fsdp-q1")]["fields"]["LabResult"]
+
+    export_anki(bank, tmp_path / "out", {"what-fsdp-shards": LAB_RESULT}, T0 + 60)
+    assert read_lab_results(tmp_path / "out" / LAB_RESULTS_FILE) == {"what-fsdp-shards": LAB_RESULT}
+    log = import_package(collection, tmp_path / "out" / ALL_DECKS_FILE)
+    assert log["updated"] == sorted(guid(f"fsdp-q{i}") for i in (1, 2, 3))
+    assert len(log["duplicate"]) == 2
+    result = notes_in(collection)[guid("fsdp-q1")]["fields"]["LabResult"]
+    assert "The claim held." in result
+    assert "2.00x the parameter bytes per rank under DDP and 0.50x under FSDP at 2 ranks" in result
+    assert "Measured on cpu, world size 2, gloo backend, torch 2.13.0, strategy fsdp." in result
+
+
+def test_a_changed_note_type_is_updated_in_place(tmp_path, collection, monkeypatch):
+    bank = load_bank(write_bank(tmp_path / "bank"))
+    export_anki(bank, tmp_path / "out", {}, T0)
+    import_package(collection, tmp_path / "out" / ALL_DECKS_FILE)
+
+    monkeypatch.setattr(anki_note_type, "CSS", anki_note_type.CSS + "\n.mc-prompt { color: teal; }\n")
+    export_anki(bank, tmp_path / "out", {}, T0 + 60)
+    assert read_manifest(tmp_path / "out" / MANIFEST_FILE).note_type.mod == T0 + 60
+    log = import_package(collection, tmp_path / "out" / ALL_DECKS_FILE)
+    assert (len(log["new"]), len(log["updated"]), len(log["conflicting"])) == (0, 0, 0)
+    ours = [m for m in collection.models.all_names_and_ids() if m.name.startswith(NOTE_TYPE_NAME)]
+    assert [m.id for m in ours] == [NOTE_TYPE_ID]
+    assert "color: teal" in collection.models.get(NOTE_TYPE_ID)["css"]
+
+
+def test_text_is_escaped_html(tmp_path, collection):
+    nasty = _question("fsdp-q9", "Is <script>alert('x')</script> & <b>bold</b> shown as text?")
+    nasty["choices"][1]["text"] = "a < b && c > d"
+    nasty["explanation"] = "Use &amp; to write &."
+    write_bank(tmp_path / "bank")
+    (tmp_path / "bank" / "extra.yaml").write_text(
+        yaml.safe_dump({"id": "extra", "title": "Q&A <tricky>", "questions": [nasty]}), encoding="utf-8"
+    )
+    export_anki(load_bank(tmp_path / "bank"), tmp_path / "out", {}, T0)
+    import_package(collection, tmp_path / "out" / "extra.apkg")
+    note = notes_in(collection)[guid("fsdp-q9")]
+    assert note["fields"]["Question"] == "Is &lt;script&gt;alert('x')&lt;/script&gt; &amp; &lt;b&gt;bold&lt;/b&gt; shown as text?"
+    assert '<li data-choice="2">a &lt; b &amp;&amp; c &gt; d</li>' in note["fields"]["Choices"]
+    assert note["fields"]["Explanation"] == "Use &amp;amp; to write &amp;."
+    assert "<script>" not in "".join(note["fields"].values())
+    # The export skips genanki's own check for unescaped tags (for speed): it must find nothing.
+    assert all(genanki.Note._find_invalid_html_tags_in_field(value) == [] for value in note["fields"].values())
+    assert note["deck"] == "Sharding study::Q&A <tricky>"  # a deck name is plain text, not HTML
+
+
+# --- Stamps ---------------------------------------------------------------------------------
+
+
+def test_stamps_keep_unchanged_notes_and_move_changed_ones_strictly_later(tmp_path):
+    decks = load_bank(write_bank(tmp_path / "bank"))
+    notes = [render_note(q) for deck in decks for q in deck.questions]
+    first = restamp(Manifest(), notes, now=1000)
+    assert {s.mod for s in first.notes.values()} == {1000} and first.note_type.mod == 1000
+    assert restamp(first, notes, now=5000) == first
+
+    edited = load_bank(write_bank(tmp_path / "bank", edits={"fsdp-q1": "Edited?"}))
+    edited_notes = [render_note(q) for deck in edited for q in deck.questions]
+    second = restamp(first, edited_notes, now=5000)
+    assert second.notes["fsdp-q1"].mod == 5000
+    assert {qid for qid, s in second.notes.items() if s != first.notes[qid]} == {"fsdp-q1"}
+    # A clock that went backwards still gives a strictly later stamp.
+    third = restamp(second, [render_note(edited[0].questions[0], LAB_RESULT)], now=10)
+    assert third.notes["fsdp-q1"].mod == 5001
+    # Exporting one deck keeps the other deck's stamps.
+    assert restamp(Manifest(), notes[:3], now=7).notes.keys() == {"fsdp-q1", "fsdp-q2", "fsdp-q3"}
+    assert set(restamp(first, notes[:3], now=7).notes) == set(first.notes)
+
+
+def test_manifest_round_trips_through_json():
+    manifest = Manifest(Stamp("a", 1), {"q2": Stamp("b", 3), "q1": Stamp("c", 2)})
+    assert Manifest.from_json(manifest.to_json()) == manifest
+
+
+def test_exporting_one_deck_writes_only_its_package(tmp_path):
+    decks = load_bank(write_bank(tmp_path / "bank"))
+    written = export_anki(decks, tmp_path / "out", {"adam-optimizer-state": LAB_RESULT}, T0, deck_id="zero")
+    assert [p.name for p in written] == ["zero.apkg"]
+    assert set(read_manifest(tmp_path / "out" / MANIFEST_FILE).notes) == {"zero-q1", "zero-q2"}
+    with pytest.raises(ValueError, match="no deck 'nope'"):
+        export_anki(decks, tmp_path / "out", {}, T0, deck_id="nope")
+
+
+# --- The CLI and the committed exports ------------------------------------------------------
+
+
+def test_cli_writes_every_package(runner, tmp_path):
+    write_bank(tmp_path / "ours")
+    out = tmp_path / "out"
+    args = ["export-anki", "--bank", str(tmp_path / "ours"), "--out", str(out)]
+    result = runner.invoke(args=args)
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == sorted([ALL_DECKS_FILE, "fsdp.apkg", "zero.apkg", MANIFEST_FILE, LAB_RESULTS_FILE])
+    assert f"wrote {out / ALL_DECKS_FILE}" in result.output
+
+    result = runner.invoke(args=[*args, "--deck", "fsdp"])
+    assert result.exit_code == 0, result.output
+    assert "fsdp.apkg" in result.output and ALL_DECKS_FILE not in result.output
+    result = runner.invoke(args=[*args, "--deck", "nope"])
+    assert result.exit_code != 0 and "no deck 'nope'" in result.output
+
+
+def test_studyapp_export_anki_carries_the_latest_finished_lab_run_from_the_database(app, runner, tmp_path):
+    from sqlmodel import Session
+
+    from studyapp.db import get_engine
+    from studyapp.models import LabRun
+
+    def run(status: str, minute: int, finding: str) -> LabRun:
+        at = datetime(2026, 3, 2, 12, minute, tzinfo=timezone.utc)
+        result = {**LAB_RESULT, "finding": finding} if status == "done" else None
+        return LabRun(lab_id="what-fsdp-shards", status=status, result=result, created_at=at, finished_at=at)
+
+    with Session(get_engine(app)) as session:
+        session.add_all([run("done", 1, "older finding"), run("done", 2, "latest finding"), run("failed", 3, "")])
+        session.commit()
+    result = runner.invoke(args=["export-anki"])
+    assert result.exit_code == 0, result.output
+    exports = Path(app.config["EXPORTS_DIR"])
+    assert "lab results: 1 from the database" in result.output
+    assert read_lab_results(exports / LAB_RESULTS_FILE)["what-fsdp-shards"]["finding"] == "latest finding"
+    package = read_package(exports / ALL_DECKS_FILE)
+    note = package.notes[guid("alpha-shards")]  # conftest's bank: alpha and beta decks
+    assert "latest finding" in note.fields[FIELDS.index("LabResult")]
+    assert (exports / "alpha.apkg").is_file() and (exports / "beta.apkg").is_file()
+
+
+def test_committed_exports_are_up_to_date_with_the_bank(tmp_path):
+    """exports/ must be rebuilt (`studyapp export-anki`) and committed whenever bank/ changes."""
+    committed = DEFAULT_EXPORTS_DIR
+    manifest = read_manifest(committed / MANIFEST_FILE)
+    assert manifest is not None, "exports/manifest.json is missing: run `studyapp export-anki` and commit exports/"
+    decks = load_bank()
+    lab_results = read_lab_results(committed / LAB_RESULTS_FILE)
+    # A rebuild from the committed manifest keeps every stamp unless a note's content changed.
+    export_anki(decks, tmp_path, lab_results, now=2**31 - 1, previous=manifest)
+    stale = "exports/ is out of date with bank/ and exports/lab-results.json: run `studyapp export-anki` and commit exports/"
+    for name in [f"{deck.id}.apkg" for deck in decks] + [ALL_DECKS_FILE]:
+        assert (committed / name).is_file(), f"exports/{name} is missing. {stale}"
+        ours, theirs = read_package(tmp_path / name), read_package(committed / name)
+        assert theirs.deck_names == ours.deck_names, f"{name}: deck names differ. {stale}"
+        assert theirs.notes.keys() == ours.notes.keys(), f"{name}: notes differ. {stale}"
+        for note_guid, note in ours.notes.items():
+            old = theirs.notes[note_guid]
+            assert (old.fields, old.tags) == (note.fields, note.tags), f"{name}: note {note.fields[-1]} differs. {stale}"
+            assert old.mod == note.mod, f"{name}: note {note.fields[-1]} has a stale mtime. {stale}"
+        assert theirs.note_types[NOTE_TYPE_ID]["tmpls"] == ours.note_types[NOTE_TYPE_ID]["tmpls"], f"{name}: templates. {stale}"
+        assert theirs.note_types[NOTE_TYPE_ID]["css"] == ours.note_types[NOTE_TYPE_ID]["css"], f"{name}: CSS. {stale}"
+    assert json.loads((tmp_path / MANIFEST_FILE).read_text()) == json.loads((committed / MANIFEST_FILE).read_text()), stale
