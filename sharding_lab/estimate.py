@@ -185,6 +185,22 @@ def _render_simulation(result: dict, console) -> None:
     )
 
 
+def _simulate_with_progress(args: argparse.Namespace) -> dict:
+    """Run the simulation behind a spinner on stderr (a terminal only); bad sizes exit with a message."""
+    from rich.console import Console
+
+    from sharding_lab.simulate import simulate
+
+    status_console = Console(stderr=True)
+    try:
+        with status_console.status(f"Simulating {args.size} at {args.world_size} ranks on fake tensors..."):
+            return simulate(
+                args.size, args.world_size, batch=args.batch, seq=args.seq, mixed_precision=args.mixed_precision
+            )
+    except ValueError as error:  # unknown size, or a sequence longer than the model's block_size
+        raise SystemExit(f"sharding-lab estimate: {error}") from None
+
+
 def run_estimate(args: argparse.Namespace) -> int:
     """The `estimate` subcommand: arguments in, one report out (a rich table or one JSON object)."""
     if args.table1:
@@ -201,11 +217,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         raise SystemExit("sharding-lab estimate: --world-size is required (or use --table1)")
     simulation = None
     if args.simulate:
-        from sharding_lab.simulate import simulate
-
-        simulation = simulate(
-            args.size, args.world_size, batch=args.batch, seq=args.seq, mixed_precision=args.mixed_precision
-        )
+        simulation = _simulate_with_progress(args)
         num_params = simulation["num_params"]
     elif args.params is None:
         raise SystemExit("sharding-lab estimate: --params is required (or use --simulate --size NAME, or --table1)")
@@ -234,6 +246,16 @@ def _param_count_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
+
+
 def register(subparsers) -> None:
     """Add the `estimate` subcommand to the sharding-lab CLI (dispatched through args.func)."""
     parser = subparsers.add_parser(
@@ -244,7 +266,7 @@ def register(subparsers) -> None:
         "shards the GPT with FSDP2 under FakeTensorMode and a fake process group.",
     )
     parser.add_argument("--params", type=_param_count_arg, help="parameter count: 7.5e9, 7.5B, 128B, 1T")
-    parser.add_argument("--world-size", type=int, help="data-parallel ranks N")
+    parser.add_argument("--world-size", type=_positive_int, help="data-parallel ranks N")
     parser.add_argument(
         "--mixed-precision",
         action="store_true",
@@ -254,6 +276,6 @@ def register(subparsers) -> None:
     parser.add_argument("--table1", action="store_true", help="reproduce the ZeRO paper's Table 1")
     parser.add_argument("--simulate", action="store_true", help="simulate FSDP2 on fake tensors and a fake process group")
     parser.add_argument("--size", default="tiny", help="model size for --simulate (tiny, gpt2-small, ..., 70b)")
-    parser.add_argument("--batch", type=int, default=1, help="micro-batch size per rank for --simulate")
-    parser.add_argument("--seq", type=int, help="sequence length for --simulate (default: 128 or block_size)")
+    parser.add_argument("--batch", type=_positive_int, default=1, help="micro-batch size per rank for --simulate")
+    parser.add_argument("--seq", type=_positive_int, help="sequence length for --simulate (default: 128 or block_size)")
     parser.set_defaults(func=run_estimate)

@@ -57,6 +57,14 @@ def test_bad_params_argument_is_a_usage_error(capsys):
     assert "not a parameter count" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["--world-size", "0"], ["--world-size", "four"], ["--batch", "-1"]])
+def test_counts_must_be_positive(argv, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run_estimate_cli(["--params", "7.5B", *argv])
+    assert exit_info.value.code == 2
+    assert "must be a whole number >= 1" in capsys.readouterr().err
+
+
 def test_json_has_model_states_per_strategy(capsys):
     report = estimate_json(["--params", "7.5B", "--world-size", "64", "--mixed-precision"], capsys)
     assert report["params"] == 7_500_000_000

@@ -104,3 +104,8 @@ def test_cli_table(capsys):
     assert "Simulated" in out
     assert "activations" in out
     assert "peak host RSS" in out
+
+
+def test_cli_names_the_sizes_for_an_unknown_one():
+    with pytest.raises(SystemExit, match="unknown model size 'huge'.*tiny"):
+        run_estimate_cli(["--simulate", "--size", "huge", "--world-size", "2"])
