@@ -143,7 +143,10 @@ def _render_analytic(report: dict, console) -> None:
 def _render_table1(rows: list[dict], console) -> None:
     from rich.table import Table
 
-    table = Table(title="ZeRO paper Table 1: per-device model states, GB (1e9 B), mixed precision, K = 12")
+    table = Table(
+        title="ZeRO paper, Table 1: model states per device",
+        caption="GB = 1e9 bytes; mixed-precision Adam, K = 12; baseline is plain data parallelism",
+    )
     table.add_column("model")
     table.add_column("DP", justify="right")
     for column in PAPER_STAGE_NAMES.values():

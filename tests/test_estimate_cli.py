@@ -121,15 +121,10 @@ def test_world_size_is_required_without_table1():
         run_estimate_cli(["--world-size", "8"])
 
 
-def test_json_from_a_fresh_process_is_one_object():
-    # What a script sees: stdout holds exactly one JSON object and nothing else.
-    code = (
-        "import argparse, sys; from sharding_lab import estimate; "
-        "p = argparse.ArgumentParser(); estimate.register(p.add_subparsers()); "
-        "a = p.parse_args(sys.argv[1:]); sys.exit(a.func(a))"
-    )
+def test_json_from_the_sharding_lab_cli_is_one_object():
+    # What a script sees from `sharding-lab estimate ... --json`: one JSON object on stdout, nothing else.
     completed = subprocess.run(
-        [sys.executable, "-c", code, "estimate", "--params", "128B", "--world-size", "1024", "--json"],
+        [sys.executable, "-m", "sharding_lab.cli", "estimate", "--params", "128B", "--world-size", "1024", "--json"],
         capture_output=True,
         text=True,
         timeout=60,
