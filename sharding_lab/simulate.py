@@ -3,14 +3,15 @@
 torchtitan's former estimation method: the real model and the real `fully_shard` calls, but every
 tensor a FakeTensor (shapes and dtypes, no storage) and every collective answered by the `fake`
 process group, with FSDPMemTracker counting the bytes each category would occupy on rank 0. So a
-70B-shaped model at 1024 ranks runs on a laptop: what it reports is what rank 0 would hold.
+70B-shaped model at 1024 ranks runs in seconds on a 2-core CPU machine, in about 350 MB of RAM.
 
-Two deviations from torchtitan, both for speed at large world sizes:
+Three deviations from torchtitan's estimation.py, all for speed at large world sizes:
 - The device mesh is built outside FakeTensorMode (inside it, mesh setup crawls).
-- `parallelize` shards the model while it is still on the meta device, outside FakeTensorMode:
-  FSDP2 splits every parameter into N chunks, and N = 1024 FakeTensor chunks per parameter take
-  ~50 s for a 70B model where meta chunks take ~2 s. `to_empty` then materializes the sharded
-  parameters as FakeTensors.
+- `parallelize` (the same function the measured runs use: fully_shard per block, then the root)
+  shards the model while it is still on the meta device, outside FakeTensorMode: FSDP2 splits every
+  parameter into N chunks, and 1024 FakeTensor chunks per parameter take ~50 s for a 70B model where
+  meta chunks take ~2 s. `to_empty` then materializes the sharded parameters as FakeTensors.
+- The tracker keeps only the global peak (see _GlobalPeakMemTracker).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ SIMULATED_RANK = 0  # rank 0 holds the largest shard of every parameter (torch.c
 # torch.optim.Adam keeps a float32 scalar `step` tensor per parameter beside exp_avg and exp_avg_sq;
 # the paper's 8 bytes per parameter do not count it.
 ADAM_STEP_COUNTER_BYTES = 4
-# Short enough that a 70B model at 1024 ranks simulates in seconds; activations scale linearly in it.
+# Short enough that a 70B model at 1024 ranks simulates in seconds; activations grow with it.
 DEFAULT_SEQ = 128
 
 # The tracker's categories, under the names the rest of sharding_lab uses.
