@@ -86,13 +86,13 @@ CATALOG: tuple[LabInfo, ...] = (
     LabInfo(
         "stage3-shards-params",
         "Stage 3 shards the parameters",
-        "Parameter bytes per rank are full under stage 2 and about 1/N under stage 3.",
+        "From forward to backward, parameter bytes per rank are full under stage 2 and about 1/N under stage 3, which gathers each block only while it runs.",
         ("zero-stage3-parameters",),
     ),
     LabInfo(
         "communication-volume",
         "Communication volume per step by stage",
-        "DDP and ZeRO stages 1-2 move about 2x the model bytes per step per rank, stage 3 about 3x.",
+        "DDP and ZeRO stages 1-2 move about 2x the model bytes per step per rank and stage 3 about 3x; PyTorch's stage 1 (an all-reduce plus a broadcast) moves 3x.",
         ("zero-communication-cost",),
     ),
     LabInfo(

@@ -1,0 +1,139 @@
+"""`sharding-lab list` and `sharding-lab run`: the labs from the command line.
+
+    sharding-lab list [--json]
+    sharding-lab run LAB [--world-size N] [--json]
+    sharding-lab run --all [--world-size N] [--json] [--export exports/lab-results.json]
+
+`run` exits 1 when a claim does not hold (or the engine fails), so CI can run every lab. `--json`
+prints exactly one JSON object: a run, or {"runs": [...]} for --all. Progress goes to stderr, and
+only to a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from sharding_lab.labs.registry import LABS, get_lab
+from sharding_lab.labs.runner import run_labs, summarize
+
+
+def register(subparsers) -> None:
+    """Add the `list` and `run` subcommands to the sharding-lab CLI (dispatched through args.func)."""
+    list_parser = subparsers.add_parser(
+        "list", help="the labs: id, title, claim and the questions each backs",
+        description="List every lab with the claim it checks and the bank questions it backs.",
+    )
+    list_parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    list_parser.set_defaults(func=run_list)
+
+    run_parser = subparsers.add_parser(
+        "run", help="run a lab (or --all): measure, check the claim, report the numbers",
+        description="Run a lab's sharded configurations on CPU ranks, check its claim against the "
+        "measurements and report the finding. Exits 1 when a claim does not hold.",
+    )
+    run_parser.add_argument("lab", nargs="?", help="lab id (see `sharding-lab list`)")
+    run_parser.add_argument("--all", action="store_true", help="run every lab, sharing launches")
+    run_parser.add_argument("--world-size", type=int, default=2, help="ranks N (default 2)")
+    run_parser.add_argument("--size", default="tiny", help="model size (default tiny)")
+    run_parser.add_argument("--json", action="store_true", help="print one JSON object")
+    run_parser.add_argument(
+        "--export", type=Path, metavar="PATH",
+        help="also write {lab id: run without measurements and charts} to PATH (e.g. exports/lab-results.json)",
+    )
+    run_parser.set_defaults(func=run_run)
+
+
+def run_list(args: argparse.Namespace) -> int:
+    labs = [
+        {"id": lab.id, "title": lab.info.title, "claim": lab.info.claim, "questions": list(lab.info.questions),
+         "command": lab.info.command}
+        for lab in LABS.values()
+    ]
+    if args.json:
+        print(json.dumps({"labs": labs}))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Labs", show_lines=True)
+    for column in ("id", "title", "claim", "questions"):
+        table.add_column(column, overflow="fold")
+    for lab in labs:
+        table.add_row(lab["id"], lab["title"], lab["claim"], "\n".join(lab["questions"]))
+    Console().print(table)
+    return 0
+
+
+def run_run(args: argparse.Namespace) -> int:
+    if args.all == bool(args.lab):
+        raise SystemExit("sharding-lab run: name one LAB or pass --all (see `sharding-lab list`)")
+    if args.world_size < 1:
+        raise SystemExit("sharding-lab run: --world-size must be at least 1")
+    lab_ids = list(LABS) if args.all else [args.lab]
+    try:
+        for lab_id in lab_ids:
+            get_lab(lab_id)
+    except KeyError as error:
+        raise SystemExit(f"sharding-lab run: {error.args[0]}") from None
+
+    try:
+        runs = _run_with_progress(lab_ids, args.world_size, args.size)
+    except Exception as error:  # the engine failed: a rank crashed or hung
+        print(f"sharding-lab run: the engine failed: {error}", file=sys.stderr)
+        return 1
+    if args.export:
+        args.export.parent.mkdir(parents=True, exist_ok=True)
+        args.export.write_text(json.dumps({run["lab"]: summarize(run) for run in runs}, indent=2) + "\n")
+    if args.json:
+        print(json.dumps({"runs": runs} if args.all else runs[0]))
+    else:
+        _print_runs(runs)
+    return 0 if all(run["holds"] for run in runs) else 1
+
+
+def _run_with_progress(lab_ids: list[str], world_size: int, size: str) -> list[dict]:
+    if not sys.stderr.isatty():
+        return run_labs(lab_ids, world_size, size=size)
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    with console.status("starting") as status:
+
+        def on_progress(message: str) -> None:
+            console.log(message)
+            status.update(message)
+
+        return run_labs(lab_ids, world_size, size=size, on_progress=on_progress)
+
+
+def _print_runs(runs: list[dict]) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = Console()
+    for run in runs:
+        verdict = "[green]holds[/green]" if run["holds"] else "[bold red]does NOT hold[/bold red]"
+        console.rule(f"{run['lab']}: {run['title']}")
+        console.print(f"[bold]Claim[/bold] {escape(run['claim'])}")
+        console.print(f"[bold]Verdict[/bold] {verdict}  ({run['duration_s']:.1f} s)")
+        console.print(f"[bold]Finding[/bold] {escape(run['finding'])}")
+        table = Table(show_header=True)
+        for column in run["table"]["columns"]:
+            table.add_column(str(column), overflow="fold")
+        for row in run["table"]["rows"]:
+            table.add_row(*(_cell(value) for value in row))
+        console.print(table)
+        for reason in run["reasons"]:
+            console.print(f"  {'✗' if reason.startswith('NOT') else '✓'} {reason}", markup=False, highlight=False)
+    held = sum(run["holds"] for run in runs)
+    console.print(f"\n{held} of {len(runs)} claims held.")
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return "" if value is None else str(value)

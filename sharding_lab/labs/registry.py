@@ -1,0 +1,22 @@
+"""Every runnable lab, keyed by its catalogue id, in catalogue order.
+
+Metadata only: importing this never imports torch (the web app lists labs and renders stored runs).
+"""
+
+from __future__ import annotations
+
+from sharding_lab.catalog import CATALOG
+from sharding_lab.labs.base import Lab
+from sharding_lab.labs.comm_labs import COMM_LABS
+from sharding_lab.labs.memory_labs import MEMORY_LABS
+
+_BY_ID = {lab.id: lab for lab in (*MEMORY_LABS, *COMM_LABS)}
+LABS: dict[str, Lab] = {info.id: _BY_ID[info.id] for info in CATALOG if info.id in _BY_ID}
+
+
+def get_lab(lab_id: str) -> Lab:
+    """The lab with this id; KeyError listing the known ids otherwise."""
+    try:
+        return LABS[lab_id]
+    except KeyError:
+        raise KeyError(f"unknown lab {lab_id!r}; known labs: {', '.join(LABS)}") from None

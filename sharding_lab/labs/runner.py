@@ -1,0 +1,138 @@
+"""Run labs: measure the configurations they need, then check and report on the measurements.
+
+Starting ranks and importing torch is the slow part on a small machine, so every configuration the
+requested labs need at one world size is measured in a single launch, and labs that need the same
+configuration share its measurement. The engine is imported only here, lazily.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from sharding_lab.labs.base import Lab, Measurements, Report, RunSpec, Table, Verdict
+from sharding_lab.labs.registry import LABS, get_lab
+
+EngineConfig = tuple  # RunSpec.engine_config: (strategy, world_size, options)
+Progress = Callable[[str], None]
+
+# The run JSON's bulky parts, left out of stored summaries (exports, the web app's list).
+BULKY_FIELDS = ("measurements", "charts")
+
+
+def run_lab(lab_id: str, world_size: int = 2, *, size: str = "tiny", on_progress: Progress | None = None) -> dict:
+    """Measure, check and report one lab; the run JSON (see `evaluate`)."""
+    return run_labs([lab_id], world_size, size=size, on_progress=on_progress)[0]
+
+
+def run_labs(
+    lab_ids: Iterable[str] | None = None,
+    world_size: int = 2,
+    *,
+    size: str = "tiny",
+    on_progress: Progress | None = None,
+) -> list[dict]:
+    """Run several labs (all by default) with one launch per world size; their run JSONs in order."""
+    labs = [get_lab(lab_id) for lab_id in (LABS if lab_ids is None else lab_ids)]
+    specs = {lab.id: lab.runs(world_size) for lab in labs}
+    measured, seconds = measure_specs([s for lab_specs in specs.values() for s in lab_specs], size, on_progress)
+    runs = []
+    for lab in labs:
+        measurements = {spec.key: measured[spec.engine_config] for spec in specs[lab.id]}
+        launch_seconds = sum(seconds[n] for n in {spec.world_size for spec in specs[lab.id]})
+        runs.append(evaluate(lab, world_size, specs[lab.id], measurements, launch_seconds))
+        if on_progress:
+            runs_text = "holds" if runs[-1]["holds"] else "DOES NOT HOLD"
+            on_progress(f"{lab.id}: {runs_text}")
+    return runs
+
+
+def measure_specs(
+    specs: Sequence[RunSpec], size: str = "tiny", on_progress: Progress | None = None
+) -> tuple[dict[EngineConfig, dict], dict[int, float]]:
+    """Measure each distinct configuration once, one launch per world size.
+
+    Returns the measurements keyed by `RunSpec.engine_config` and each launch's wall seconds.
+    """
+    from sharding_lab.measure import measure_many  # torch and the engine: only when something runs
+
+    by_world_size: dict[int, dict[EngineConfig, RunSpec]] = {}
+    for spec in specs:
+        by_world_size.setdefault(spec.world_size, {}).setdefault(spec.engine_config, spec)
+    measured: dict[EngineConfig, dict] = {}
+    seconds: dict[int, float] = {}
+    for world_size, distinct in sorted(by_world_size.items()):
+        if on_progress:
+            names = ", ".join(_describe(spec) for spec in distinct.values())
+            on_progress(f"launching {world_size} rank{'s' if world_size > 1 else ''}: {names}")
+        started = time.perf_counter()
+        configs = [{"strategy": spec.strategy, "size": size, **dict(spec.options)} for spec in distinct.values()]
+        results = measure_many(configs, world_size)
+        seconds[world_size] = time.perf_counter() - started
+        measured.update(zip(distinct, results, strict=True))
+    return measured, seconds
+
+
+def _describe(spec: RunSpec) -> str:
+    options = ", ".join(f"{name}={value}" for name, value in spec.options)
+    return f"{spec.strategy}({options})" if options else spec.strategy
+
+
+def evaluate(
+    lab: Lab, world_size: int, specs: Sequence[RunSpec], measurements: Measurements, launch_seconds: float = 0.0
+) -> dict:
+    """The run JSON: the lab's identity and claim, whether it held, the finding with its numbers, the
+    table and charts, every measurement and the configuration they came from."""
+    started = time.perf_counter()
+    verdict = _safe_check(lab, measurements)
+    report = _safe_report(lab, measurements)
+    first = next(iter(measurements.values()))["config"]
+    strategies = list(dict.fromkeys(spec.strategy for spec in specs))  # in the lab's order
+    return {
+        "lab": lab.id,
+        "title": lab.info.title,
+        "claim": lab.info.claim,
+        "questions": list(lab.info.questions),
+        "holds": verdict.holds,
+        "finding": report.finding,
+        "reasons": list(verdict.reasons),
+        "table": report.table.to_dict(),
+        "charts": report.charts,
+        "measurements": dict(measurements),
+        "config": {
+            "strategy": ", ".join(strategies),
+            "strategies": strategies,
+            "world_size": world_size,
+            "world_sizes": sorted({spec.world_size for spec in specs}),
+            "runs": [
+                {"key": s.key, "strategy": s.strategy, "world_size": s.world_size, "options": dict(s.options)}
+                for s in specs
+            ],
+            "size": first.get("size"),
+            "backend": first.get("backend"),
+            "device": first.get("device"),
+            "torch_version": first.get("torch_version"),
+        },
+        "duration_s": round(launch_seconds + time.perf_counter() - started, 3),
+    }
+
+
+def _safe_check(lab: Lab, measurements: Measurements) -> Verdict:
+    # Measurements missing what the check reads (a doctored run, an engine change) mean "not shown".
+    try:
+        return lab.check(measurements)
+    except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError) as error:
+        return Verdict(False, (f"NOT checkable: {type(error).__name__}: {error}",))
+
+
+def _safe_report(lab: Lab, measurements: Measurements) -> Report:
+    try:
+        return lab.report(measurements)
+    except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError, AttributeError) as error:
+        return Report(f"No report: the measurements lack what it reads ({type(error).__name__}: {error}).",
+                      Table((), ()))
+
+
+def summarize(run: Mapping) -> dict:
+    """A run without its bulky parts (measurements, charts): what exports and listings store."""
+    return {name: value for name, value in run.items() if name not in BULKY_FIELDS}

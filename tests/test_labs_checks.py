@@ -1,0 +1,181 @@
+"""Every lab holds on a real CPU run at 2 ranks, and every lab's check fails when its claim does not.
+
+One session fixture measures every configuration the labs need (one launch per world size: 1, 2
+and 4 ranks, about half a minute on two cores); each test then checks a lab on those measurements,
+on another strategy's measurements, or on doctored copies of them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import xml.etree.ElementTree as ElementTree
+from collections.abc import Callable
+
+import pytest
+
+from sharding_lab.labs import LABS, evaluate, measure_specs
+from sharding_lab.labs import readings as read
+from sharding_lab.labs.comm_labs import PREFETCH_ON
+from sharding_lab.labs.memory_labs import RESHARD_OFF, RESHARD_ON, scaling_key
+
+pytestmark = pytest.mark.slow
+WORLD_SIZE = 2
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict:
+    """Every configuration any lab needs, keyed by RunSpec.engine_config."""
+    specs = [spec for lab in LABS.values() for spec in lab.runs(WORLD_SIZE)]
+    results, _ = measure_specs(specs)
+    return results
+
+
+def lab_measurements(measured: dict, lab_id: str) -> dict:
+    return {spec.key: measured[spec.engine_config] for spec in LABS[lab_id].runs(WORLD_SIZE)}
+
+
+def other(measured: dict, strategy: str, world_size: int = WORLD_SIZE, **options) -> dict:
+    """The measurement of another configuration: what a lab sees if it measured the wrong thing."""
+    return measured[(strategy, world_size, tuple(sorted(options.items())))]
+
+
+# --- every lab holds ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lab_id", list(LABS))
+def test_lab_holds_on_cpu_at_two_ranks(measured, lab_id):
+    lab = LABS[lab_id]
+    run = evaluate(lab, WORLD_SIZE, lab.runs(WORLD_SIZE), lab_measurements(measured, lab_id))
+    assert run["holds"] is True, "\n".join(run["reasons"])
+    assert all(not reason.startswith("NOT") for reason in run["reasons"])
+    assert any(ch.isdigit() for ch in run["finding"]), "the finding carries the numbers"
+    assert run["lab"] == lab_id and run["claim"] == lab.info.claim
+    columns, rows = run["table"]["columns"], run["table"]["rows"]
+    assert rows and all(len(row) == len(columns) for row in rows)
+    assert run["charts"], "every lab draws at least one chart"
+    for chart in run["charts"].values():
+        assert ElementTree.fromstring(chart).tag.endswith("svg")
+    config = run["config"]
+    assert (config["backend"], config["device"], config["world_size"]) == ("gloo", "cpu", WORLD_SIZE)
+    assert config["torch_version"] and config["strategy"]
+    json.dumps(run)  # the run JSON is JSON
+
+
+# --- every check can fail: another strategy's measurements ------------------------------------------------
+
+# lab id -> (run key to replace, the configuration measured instead) where the claim does not hold.
+WRONG_STRATEGY: dict[str, tuple[str, tuple[str, dict]]] = {
+    "what-fsdp-shards": ("zero3", ("ddp", {})),
+    "allgather-before-layer": ("zero3", ("ddp", {})),
+    "reshard-after-forward": (RESHARD_ON, ("zero2", {})),
+    "fsdp-is-zero3": ("zero3", ("zero1", {})),
+    "prefetch-overlap": (PREFETCH_ON, ("zero3", {"prefetch": False})),
+    "reduce-scatter-backward": ("zero3", ("ddp", {})),
+    "memory-communication-tradeoff": ("zero3", ("zero2", {})),
+    "zero-stages-model-states": ("zero1", ("ddp", {})),
+    "adam-optimizer-state": ("ddp", ("zero1", {})),
+    "stage3-shards-params": ("zero3", ("zero2", {})),
+    "communication-volume": ("zero3", ("zero2", {})),
+    "stage1-optimizer-only": ("zero1", ("ddp", {})),
+}
+
+
+@pytest.mark.parametrize("lab_id", list(LABS))
+def test_check_fails_on_the_wrong_strategys_measurements(measured, lab_id):
+    measurements = lab_measurements(measured, lab_id)
+    if lab_id == "persistent-memory-scaling":
+        # FSDP's runs replaced by DDP's at the same world sizes: memory stays flat.
+        for n in (1, 2, 4):
+            measurements[scaling_key("zero3", n)] = measurements[scaling_key("ddp", n)]
+    else:
+        key, (strategy, options) = WRONG_STRATEGY[lab_id]
+        measurements[key] = other(measured, strategy, **options)
+    assert LABS[lab_id].check(measurements).holds is False
+
+
+# --- every check can fail: doctored numbers ---------------------------------------------------------------
+
+
+def _set_ranks(m: dict, field: str, value: Callable[[dict], int]) -> None:
+    for rank in m["memory"]["per_rank"]:
+        rank[field] = value(rank)
+
+
+def _move_after(m: dict, is_moved: Callable[[dict], bool], is_anchor: Callable[[dict], bool]) -> None:
+    """Move the first timeline event matching `is_moved` to just after the first matching `is_anchor`."""
+    timeline = m["comm"]["timeline"]
+    moved = timeline.pop(next(i for i, e in enumerate(timeline) if is_moved(e)))
+    timeline.insert(next(i for i, e in enumerate(timeline) if is_anchor(e)) + 1, moved)
+
+
+def _drop_collectives(m: dict, is_dropped: Callable[[dict], bool]) -> None:
+    m["comm"]["collectives"] = [c for c in m["comm"]["collectives"] if not is_dropped(c)]
+    m["comm"]["timeline"] = [e for e in m["comm"]["timeline"] if e["event"] != "collective" or not is_dropped(e)]
+
+
+def _forward_gather_of(block: str) -> Callable[[dict], bool]:
+    return lambda e: e["event"] == "collective" and e["op"] == "all_gather" and e["phase"] == "forward" \
+        and e["module"] == block
+
+
+def _doctor_allgather_after_block_starts(ms: dict) -> None:
+    _move_after(ms["zero3"], _forward_gather_of("blocks.2"),
+                lambda e: e["event"] == "forward_start" and e["module"] == "blocks.2")
+
+
+def _doctor_no_prefetch_in_forward(ms: dict) -> None:
+    # The prefetched gathers issued late instead: each after the previous block's forward ends.
+    for i in (1, 2, 3):
+        _move_after(ms[PREFETCH_ON], _forward_gather_of(f"blocks.{i}"),
+                    lambda e, i=i: e["event"] == "forward_end" and e["module"] == f"blocks.{i - 1}")
+
+
+def _doctor_duplicate_all_reduces(m: dict) -> None:
+    m["comm"]["collectives"] = m["comm"]["collectives"] * 2
+
+
+# lab id -> a change to a deep copy of its measurements after which the claim does not hold.
+DOCTORED: dict[str, Callable[[dict], None]] = {
+    # One FSDP rank kept a full optimizer state.
+    "what-fsdp-shards": lambda ms: _set_ranks(ms["zero3"], "optimizer_bytes", lambda r: 2 * r["optimizer_bytes"]),
+    "allgather-before-layer": _doctor_allgather_after_block_starts,
+    # Reshard-off freed its blocks after forward after all.
+    "reshard-after-forward": lambda ms: _set_ranks(
+        ms[RESHARD_OFF], "unsharded_params_after_forward_bytes", lambda r: r["unsharded_params_after_forward_bytes"] // 4
+    ),
+    # Four bytes more gradient than stage 3 predicts.
+    "fsdp-is-zero3": lambda ms: _set_ranks(ms["zero3"], "grads_bytes", lambda r: r["grads_bytes"] + 4),
+    "prefetch-overlap": _doctor_no_prefetch_in_forward,
+    # Gradients all-reduced and kept whole instead of scattered.
+    "reduce-scatter-backward": lambda ms: _set_ranks(ms["zero3"], "grads_bytes", lambda r: 2 * r["grads_bytes"]),
+    # FSDP at 4 ranks holds what it held at 2.
+    "persistent-memory-scaling": lambda ms: _set_ranks(
+        ms[scaling_key("zero3", 4)], "optimizer_bytes", lambda r: 3 * r["optimizer_bytes"]
+    ),
+    # DDP moving twice what it does makes FSDP's traffic no longer 1.5x of it.
+    "memory-communication-tradeoff": lambda ms: _doctor_duplicate_all_reduces(ms["ddp"]),
+    # Stage 2 kept full gradients.
+    "zero-stages-model-states": lambda ms: _set_ranks(ms["zero2"], "grads_bytes", lambda r: 2 * r["grads_bytes"]),
+    # SGD with momentum: one value per parameter.
+    "adam-optimizer-state": lambda ms: _set_ranks(ms["ddp"], "optimizer_bytes", lambda r: r["params_bytes"]),
+    # Stage 3 kept full parameters.
+    "stage3-shards-params": lambda ms: _set_ranks(ms["zero3"], "params_bytes", lambda r: 2 * r["params_bytes"]),
+    # Stage 3 without its reduce-scatters: well under 3Ψ.
+    "communication-volume": lambda ms: _drop_collectives(ms["zero3"], lambda c: c["op"] == "reduce_scatter"),
+    # Every rank kept the whole optimizer state.
+    "stage1-optimizer-only": lambda ms: _set_ranks(ms["zero1"], "optimizer_bytes", lambda r: 2 * r["optimizer_bytes"]),
+}
+
+
+@pytest.mark.parametrize("lab_id", list(LABS))
+def test_check_fails_on_doctored_measurements(measured, lab_id):
+    measurements = copy.deepcopy(lab_measurements(measured, lab_id))
+    assert LABS[lab_id].check(measurements).holds is True, "holds before doctoring"
+    DOCTORED[lab_id](measurements)
+    assert LABS[lab_id].check(measurements).holds is False
+
+
+def test_doctoring_does_not_leak_into_the_shared_measurements(measured):
+    zero3 = other(measured, "zero3")
+    assert read.part_bytes(zero3, "optimizer") == [read.full_bytes(zero3, "optimizer") // WORLD_SIZE] * WORLD_SIZE
