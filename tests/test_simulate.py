@@ -109,3 +109,16 @@ def test_cli_table(capsys):
 def test_cli_names_the_sizes_for_an_unknown_one():
     with pytest.raises(SystemExit, match="unknown model size 'huge'.*tiny"):
         run_estimate_cli(["--simulate", "--size", "huge", "--world-size", "2"])
+
+
+def test_global_peak_tracker_agrees_with_fsdp_mem_tracker(monkeypatch):
+    # The simulation skips FSDPMemTracker's per-module peaks for speed; the global figures must not move.
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    from sharding_lab import simulate as simulate_module
+
+    fast = simulate("tiny", 4, batch=2, seq=32)
+    monkeypatch.setattr(simulate_module, "_GlobalPeakMemTracker", FSDPMemTracker)
+    stock = simulate("tiny", 4, batch=2, seq=32)
+    assert fast["per_rank"] == stock["per_rank"]
+    assert fast["peak_breakdown"] == stock["peak_breakdown"]
