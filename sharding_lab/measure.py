@@ -159,7 +159,7 @@ def _build(ctx: RankContext, spec: dict):
         with torch.no_grad():
             model.init_weights()
         if spec["gradient_divide_factor"] is not None:
-            model.set_gradient_divide_factor(spec["gradient_divide_factor"])
+            _set_gradient_divide_factor(model, spec["gradient_divide_factor"])
     else:
         with torch.device(ctx.device):
             model = GPT(config)
@@ -167,6 +167,16 @@ def _build(ctx: RankContext, spec: dict):
             model.init_weights()
         model, make_optimizer = parallelize(model, spec["strategy"], ctx.mesh, options)
     return config, model, make_optimizer()
+
+
+def _set_gradient_divide_factor(model, factor: float) -> None:
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            # Plain sums on the wire, then a division by `factor`: gloo has no pre-multiplied sum.
+            module.set_force_sum_reduction_for_comms(True)
+            module.set_gradient_divide_factor(factor)
 
 
 def _batch(config, spec: dict, rank: int, step: int, device):
@@ -184,7 +194,7 @@ def _measure_one(ctx: RankContext, spec: dict) -> dict:
 
     from sharding_lab.comm import CommTracker
     from sharding_lab.memory import MemoryTracker, model_state_bytes
-    from sharding_lab.parity import gradient_parity
+    from sharding_lab.parity import MIXED_PRECISION_TOLERANCE, TOLERANCE, gradient_parity
 
     label = f"{spec['strategy']}"
     ctx.mark(f"{label}: build")
@@ -210,7 +220,10 @@ def _measure_one(ctx: RankContext, spec: dict) -> dict:
     parity = None
     for step in range(spec["warmup_steps"]):
         if step == 0 and spec["check_gradients"]:
-            parity = gradient_parity(ctx, model, optimizer, config, lambda r: _batch(config, spec, r, 0, ctx.device))
+            tolerance = MIXED_PRECISION_TOLERANCE if spec["mixed_precision"] else TOLERANCE
+            parity = gradient_parity(
+                ctx, model, optimizer, config, lambda r: _batch(config, spec, r, 0, ctx.device), tolerance
+            )
         else:
             train_step(step)
 

@@ -97,9 +97,10 @@ def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer, world_
             grads += _nbytes(local_grad)
             grad_element_size = local_grad.element_size()
     optimizer_bytes = scalar_bytes = 0
-    state_elements = 0
+    elements_with_state = 0
     local_optimizer = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps its shard in .optim
-    for state in local_optimizer.state.values():
+    for param, state in local_optimizer.state.items():
+        elements_with_state += _local(param).numel()
         for key, value in state.items():
             if not isinstance(value, torch.Tensor):
                 continue
@@ -108,8 +109,7 @@ def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer, world_
                 scalar_bytes += _nbytes(local)
             else:
                 optimizer_bytes += _nbytes(local)
-                state_elements += local.numel()
-    optimizer_per_element = optimizer_bytes / state_elements if state_elements else 8
+    optimizer_per_element = optimizer_bytes / elements_with_state if elements_with_state else 8
     return {
         "params_bytes": params,
         "grads_bytes": grads,

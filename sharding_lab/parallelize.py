@@ -119,7 +119,10 @@ def _apply_ddp(
     device = next(model.parameters()).device
     mixed_precision = None
     if options.mixed_precision:
-        # DDP's own (still private) mixed precision: bf16 copies for compute, fp32 reduction.
+        # DDP's own (still private) mixed precision: bf16 copies for compute, fp32 reduction. It
+        # records CUDA events to order its parameter copies, so it runs on CUDA only.
+        if device.type != "cuda":
+            raise ValueError(f"{strategy} with mixed precision needs CUDA (DDP's mixed precision uses CUDA events)")
         from torch.nn.parallel.distributed import _MixedPrecision
 
         mixed_precision = _MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)

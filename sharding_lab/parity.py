@@ -15,6 +15,7 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
 TOLERANCE = 1e-5  # fp32; different reduction orders stay far below it
+MIXED_PRECISION_TOLERANCE = 5e-2  # bf16 compute keeps 8 bits of mantissa: errors of 1e-2 are normal
 
 
 def relative_error(measured: torch.Tensor, reference: torch.Tensor) -> float:
@@ -36,6 +37,7 @@ def gradient_parity(
     optimizer: torch.optim.Optimizer,
     config,
     batch_for_rank: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+    tolerance: float = TOLERANCE,
 ) -> dict | None:
     """Run one training step on `model` and check its gradient; rank 0 returns the comparison."""
     from sharding_lab.model import GPT
@@ -63,8 +65,8 @@ def gradient_parity(
     return {
         "max_relative_error": errors[worst],
         "worst_parameter": worst,
-        "tolerance": TOLERANCE,
-        "holds": errors[worst] <= TOLERANCE,
+        "tolerance": tolerance,
+        "holds": errors[worst] <= tolerance,
         "global_batch_size": int(global_idx.shape[0]),
         "reference_loss": reference_loss.item(),
     }
