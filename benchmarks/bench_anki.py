@@ -52,16 +52,24 @@ def lab_results() -> dict[str, dict]:
     return {lab.id: {"lab": lab.id, "holds": True, "finding": f"{lab.claim} (measured: 0.50x at 2 ranks)", "config": config} for lab in CATALOG}
 
 
-def _ours(decks: list[Deck], results: dict, out: Path) -> float:
-    started = time.process_time()
+def _timed(work, *args) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of one call. CPU time is the figure: the machine is shared."""
+    cpu, wall = time.process_time(), time.perf_counter()
+    work(*args)
+    return time.process_time() - cpu, time.perf_counter() - wall
+
+
+def _best(timings: list[tuple[float, float]]) -> tuple[float, float]:
+    return min(cpu for cpu, _ in timings), min(wall for _, wall in timings)
+
+
+def _ours(decks: list[Deck], results: dict, out: Path) -> None:
     export_anki(decks, out, results, NOW, deck_id=decks[0].id)
-    return time.process_time() - started
 
 
-def _bare(decks: list[Deck], results: dict, out: Path, rendered: dict | None = None) -> float:
+def _bare(decks: list[Deck], results: dict, out: Path, rendered: dict | None = None) -> None:
     """Bare genanki; with `rendered`, the fields come ready-made and are not timed."""
     deck = decks[0]
-    started = time.process_time()
     rendered = rendered or render_decks(decks, results)
     model = genanki.Model(
         NOTE_TYPE_ID,
@@ -74,7 +82,6 @@ def _bare(decks: list[Deck], results: dict, out: Path, rendered: dict | None = N
     for note in rendered[deck.id]:
         anki_deck.add_note(genanki.Note(model=model, fields=list(note.fields), tags=list(note.tags), guid=note.guid))
     genanki.Package(anki_deck).write_to_file(str(out / "bare.apkg"), timestamp=NOW)
-    return time.process_time() - started
 
 
 def run() -> list[Figure]:
@@ -86,13 +93,15 @@ def run() -> list[Figure]:
         for repeat in range(REPEATS):  # interleaved, so a busy moment hits all three alike
             out = Path(tmp) / str(repeat)
             out.mkdir()
-            bare.append(_bare(decks, results, out))
-            prerendered.append(_bare(decks, results, out, rendered))
-            ours.append(_ours(decks, results, out))  # a fresh folder: every note is stamped anew
-    ratio = min(ours) / min(bare)
+            bare.append(_timed(_bare, decks, results, out))
+            prerendered.append(_timed(_bare, decks, results, out, rendered))
+            ours.append(_timed(_ours, decks, results, out))  # a fresh folder: every note is stamped anew
+    (ours_cpu, ours_wall), (bare_cpu, bare_wall), (prerendered_cpu, _) = (_best(t) for t in (ours, bare, prerendered))
+    ratio = ours_cpu / bare_cpu
     detail = (
-        f"{QUESTIONS} notes, CPU s, best of {REPEATS}: export_anki {min(ours):.3f}, bare genanki {min(bare):.3f}; "
-        f"bare genanki given finished fields {min(prerendered):.3f} ({min(ours) / min(prerendered):.2f}x)"
+        f"{QUESTIONS} notes, best of {REPEATS}, CPU s: export_anki {ours_cpu:.3f}, bare genanki {bare_cpu:.3f}, "
+        f"bare genanki given finished fields {prerendered_cpu:.3f} ({ours_cpu / prerendered_cpu:.2f}x); "
+        f"wall s: {ours_wall:.3f} vs {bare_wall:.3f} ({ours_wall / bare_wall:.2f}x)"
     )
     return [Figure("Anki export / bare genanki, 10,000 questions", ratio, "x", "<= 1.2", detail)]
 

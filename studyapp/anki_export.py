@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import itertools
 import json
 import sqlite3
 import tempfile
@@ -33,7 +34,7 @@ from flask import current_app, has_app_context
 from flask.cli import with_appcontext
 
 from sharding_lab.catalog import lab_info
-from studyapp.anki_note_type import FIELDS, note_type, note_type_hash
+from studyapp.anki_note_type import FIELDS, NOTE_TYPE_ID, note_type, note_type_hash
 from studyapp.bank import BankError, Deck, Question, load_bank
 
 DEFAULT_EXPORTS_DIR = Path(__file__).resolve().parent.parent / "exports"
@@ -89,25 +90,37 @@ def _text(value: str) -> str:
 
 
 def render_lab_result(result: LabResult | None) -> str:
-    """The back's lab finding: what was found, whether the claim held, and where it was measured."""
+    """The back's lab finding: whether the claim held, the finding with its numbers, and where
+    it was measured (device, world size, backend, torch version)."""
     if not result:
         return (
             '<p class="mc-lab-pending">Not run yet: run the command above (or "Run this lab" '
             "in the study app) to measure it.</p>"
         )
-    parts = []
-    holds = result.get("holds")
-    verdict = {True: "The claim held. ", False: "The claim did not hold. "}.get(holds, "")
+    verdict = {True: "<b>The claim held.</b> ", False: "<b>The claim did not hold.</b> "}.get(result.get("holds"), "")
     finding = str(result.get("finding") or "")
-    parts.append(f'<p class="mc-lab-finding"><b>{_text(verdict)}</b>{_text(finding)}</p>')
-    config = result.get("config") or {}
+    parts = [f'<p class="mc-lab-finding">{verdict}{_text(finding)}</p>']
+    config = result.get("config")
     if isinstance(config, Mapping):
         where = [str(config["device"])] if config.get("device") else []
-        labels = (("world_size", "world size {}"), ("backend", "{} backend"), ("torch_version", "torch {}"), ("strategy", "strategy {}"))
+        sizes = config.get("world_sizes")
+        if isinstance(sizes, list) and len(sizes) > 1:
+            where.append("world sizes " + ", ".join(str(size) for size in sizes))
+        elif config.get("world_size") is not None:
+            where.append(f"world size {config['world_size']}")
+        labels = (("backend", "{} backend"), ("torch_version", "torch {}"), ("strategy", "strategy {}"), ("size", "model {}"))
         where += [label.format(config[key]) for key, label in labels if config.get(key) not in (None, "")]
         if where:
             parts.append(f'<p class="mc-lab-where">Measured on {_text(", ".join(where))}.</p>')
     return "".join(parts)
+
+
+# What lab-results.json keeps of a run: what the cards show, not its measurements and charts.
+CARRIED_RESULT_KEYS = ("lab", "title", "claim", "holds", "finding", "config")
+
+
+def carried_result(result: LabResult) -> dict[str, Any]:
+    return {key: result[key] for key in CARRIED_RESULT_KEYS if key in result}
 
 
 def lab_fields(lab_id: str, lab_result: LabResult | None) -> tuple[str, str, str, str]:
@@ -244,10 +257,34 @@ def package_timestamp(notes: Iterable[NoteContent], manifest: Manifest) -> int:
     return max([manifest.note_type.mod, *(manifest.notes[n.question_id].mod for n in notes)])
 
 
+def write_apkg(package: genanki.Package, path: Path, timestamp: int) -> None:
+    """genanki's `Package.write_to_file` (no media), with two differences:
+    - the collection is a scratch file zipped at once, so SQLite need not fsync it (genanki's
+      fsyncs cost a quarter of a second per package on a busy disk);
+    - the zip entries carry a fixed date, so an unchanged bank rebuilds byte for byte and
+      re-exporting it leaves exports/ unchanged in git.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        database = Path(tmp) / "collection.anki2"
+        connection = sqlite3.connect(database)
+        try:
+            connection.execute("PRAGMA synchronous = OFF")
+            connection.execute("PRAGMA journal_mode = MEMORY")
+            package.write_to_db(connection.cursor(), timestamp, itertools.count(timestamp * 1000))
+            connection.commit()
+        finally:
+            connection.close()
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr(zipfile.ZipInfo("collection.anki2", _ZIP_DATE), database.read_bytes())
+            archive.writestr(zipfile.ZipInfo("media", _ZIP_DATE), "{}")  # no media files
+
+
+_ZIP_DATE = (1980, 1, 1, 0, 0, 0)
+
+
 def write_package(decks: list[Deck], notes: Mapping[str, list[NoteContent]], manifest: Manifest, path: Path) -> Path:
     package = build_package(decks, notes, manifest)
-    timestamp = package_timestamp((n for deck in decks for n in notes[deck.id]), manifest)
-    package.write_to_file(str(path), timestamp=timestamp)
+    write_apkg(package, path, package_timestamp((n for deck in decks for n in notes[deck.id]), manifest))
     return path
 
 
@@ -297,12 +334,12 @@ def export_anki(
     for lab in {q.lab for deck in chosen for q in deck.questions}:
         carried.pop(lab, None)
         if lab_results.get(lab):
-            carried[lab] = dict(lab_results[lab])
+            carried[lab] = carried_result(lab_results[lab])
     (out_dir / LAB_RESULTS_FILE).write_text(json.dumps(carried, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     return written
 
 
-# --- Reading a package back (tests, and checking exports/ is current) --------------------
+# --- Reading packages back: is exports/ current? ----------------------------------------
 
 
 @dataclass(frozen=True)
@@ -341,6 +378,44 @@ def read_package(path: Path) -> PackageContent:
         notes,
         {int(k): v for k, v in json.loads(models_json).items()},
     )
+
+
+def stale_exports(decks: list[Deck], exports_dir: Path, scratch_dir: Path) -> list[str]:
+    """How `exports_dir` differs from a rebuild of `decks` with its own manifest and lab results.
+
+    Compares what Anki reads (deck names, note fields, tags, GUIDs, mtimes, the note type),
+    never bytes. [] when the exports are current. `scratch_dir` must be an empty folder.
+    """
+    manifest = read_manifest(exports_dir / MANIFEST_FILE)
+    if manifest is None:
+        return [f"{MANIFEST_FILE} is missing"]
+    # A far-future clock: any note whose content changed gets a stamp the committed one lacks.
+    export_anki(decks, scratch_dir, read_lab_results(exports_dir / LAB_RESULTS_FILE), 2**31 - 1, previous=manifest)
+    question_id = FIELDS.index("QuestionId")
+    problems = []
+    for name in sorted(path.name for path in scratch_dir.glob("*.apkg")):
+        if not (exports_dir / name).is_file():
+            problems.append(f"{name} is missing")
+            continue
+        expected, found = read_package(scratch_dir / name), read_package(exports_dir / name)
+        if expected.deck_names != found.deck_names:
+            problems.append(f"{name}: decks {sorted(found.deck_names)}, expected {sorted(expected.deck_names)}")
+        for guid in sorted(expected.notes.keys() | found.notes.keys()):
+            want, have = expected.notes.get(guid), found.notes.get(guid)
+            if want is None or have is None:
+                note = want or have
+                problems.append(f"{name}: note {note.fields[question_id]} is {'missing' if have is None else 'no longer in the bank'}")
+            elif (want.fields, want.tags) != (have.fields, have.tags):
+                problems.append(f"{name}: note {want.fields[question_id]} has changed")
+            elif want.mod != have.mod:
+                problems.append(f"{name}: note {want.fields[question_id]} has a stale modification time")
+        want_type, have_type = expected.note_types.get(NOTE_TYPE_ID), found.note_types.get(NOTE_TYPE_ID)
+        keys = ("name", "flds", "tmpls", "css", "mod")
+        if have_type is None or any(want_type[key] != have_type[key] for key in keys):
+            problems.append(f"{name}: the note type has changed")
+    if read_manifest(scratch_dir / MANIFEST_FILE) != manifest:
+        problems.append(f"{MANIFEST_FILE} is out of date")
+    return problems
 
 
 # --- CLI -----------------------------------------------------------------------------------
@@ -392,14 +467,22 @@ def _app_setting(key: str) -> str | None:
     help="Folder for the .apkg files, manifest.json and lab-results.json (default: the app's exports/).",
 )
 @click.option("--bank", "bank_dir", type=click.Path(exists=True, path_type=Path), default=None, help="Bank folder (default: the app's bank/).")
+@click.option("--check", is_flag=True, help="Write nothing; fail if the folder is out of date with the bank.")
 @with_appcontext
-def export_anki_command(deck_id: str | None, out_dir: Path | None, bank_dir: Path | None) -> None:
+def export_anki_command(deck_id: str | None, out_dir: Path | None, bank_dir: Path | None, check: bool) -> None:
     """Write the bank as Anki packages: one per deck and all-decks.apkg."""
     out_dir = out_dir or Path(_app_setting("EXPORTS_DIR") or DEFAULT_EXPORTS_DIR)
     try:
         decks = load_bank(bank_dir or _app_setting("BANK_PATH"))
     except BankError as error:
         raise click.ClickException(str(error)) from error
+    if check:
+        with tempfile.TemporaryDirectory() as scratch:
+            problems = stale_exports(decks, out_dir, Path(scratch))
+        if problems:
+            raise click.ClickException(f"{out_dir} is out of date; run `studyapp export-anki`:\n  " + "\n  ".join(problems))
+        click.echo(f"{out_dir} is up to date with the bank")
+        return
     # Per lab: its latest run in the app's database, else the result the exports already carry.
     results_file = out_dir / LAB_RESULTS_FILE
     if not results_file.is_file():

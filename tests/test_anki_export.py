@@ -24,8 +24,10 @@ from studyapp.anki_export import (
     read_lab_results,
     read_manifest,
     read_package,
+    render_lab_result,
     render_note,
     restamp,
+    stale_exports,
 )
 from studyapp.anki_note_type import FIELDS, NOTE_TYPE_ID, NOTE_TYPE_NAME
 from studyapp.bank import load_bank
@@ -37,7 +39,8 @@ LAB_RESULT = {
     "claim": "Under FSDP each rank holds about 1/N.",
     "holds": True,
     "finding": "optimizer state is 2.00x the parameter bytes per rank under DDP and 0.50x under FSDP at 2 ranks",
-    "measurements": {},
+    "measurements": {"fsdp": {"bytes": 123}},
+    "charts": ["<svg>bulky</svg>"],
     "config": {"strategy": "fsdp", "world_size": 2, "backend": "gloo", "device": "cpu", "torch_version": "2.13.0"},
 }
 
@@ -177,8 +180,11 @@ def test_an_unchanged_reexport_changes_nothing_and_keeps_the_learners_edits(tmp_
     note["Explanation"] += "<br>My mnemonic."
     collection.update_note(note)
 
+    packages_before = {p.name: p.read_bytes() for p in (tmp_path / "out").glob("*.apkg")}
     export_anki(load_bank(tmp_path / "bank"), tmp_path / "out", {}, T0 + 3600)
     assert (tmp_path / "out" / MANIFEST_FILE).read_text() == manifest_before
+    # Byte for byte, even: re-running the export on an unchanged bank leaves git with nothing to commit.
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").glob("*.apkg")} == packages_before
     log = import_package(collection, tmp_path / "out" / ALL_DECKS_FILE)
     assert (len(log["new"]), len(log["updated"]), len(log["duplicate"])) == (0, 0, 5)
     notes = notes_in(collection)
@@ -228,7 +234,8 @@ def test_a_new_lab_result_updates_the_notes_of_that_lab_only(tmp_path, collectio
     assert "Not run yet" in notes_in(collection)[guid("fsdp-q1")]["fields"]["LabResult"]
 
     export_anki(bank, tmp_path / "out", {"what-fsdp-shards": LAB_RESULT}, T0 + 60)
-    assert read_lab_results(tmp_path / "out" / LAB_RESULTS_FILE) == {"what-fsdp-shards": LAB_RESULT}
+    carried = read_lab_results(tmp_path / "out" / LAB_RESULTS_FILE)
+    assert carried == {"what-fsdp-shards": {k: v for k, v in LAB_RESULT.items() if k not in ("measurements", "charts")}}
     log = import_package(collection, tmp_path / "out" / ALL_DECKS_FILE)
     assert log["updated"] == sorted(guid(f"fsdp-q{i}") for i in (1, 2, 3))
     assert len(log["duplicate"]) == 2
@@ -271,6 +278,20 @@ def test_text_is_escaped_html(tmp_path, collection):
     # The export skips genanki's own check for unescaped tags (for speed): it must find nothing.
     assert all(genanki.Note._find_invalid_html_tags_in_field(value) == [] for value in note["fields"].values())
     assert note["deck"] == "Sharding study::Q&A <tricky>"  # a deck name is plain text, not HTML
+
+
+def test_lab_result_says_whether_the_claim_held_and_where_it_was_measured():
+    assert "Not run yet" in render_lab_result(None)
+    failed = {
+        "holds": False,
+        "finding": "stage 3 moved 3.1x < 2x & more",
+        "config": {"strategy": "zero2, zero3", "world_size": 4, "world_sizes": [2, 4], "device": "cuda", "torch_version": "2.13.0+cu128", "size": "debugmodel"},
+    }
+    assert render_lab_result(failed) == (
+        '<p class="mc-lab-finding"><b>The claim did not hold.</b> stage 3 moved 3.1x &lt; 2x &amp; more</p>'
+        '<p class="mc-lab-where">Measured on cuda, world sizes 2, 4, torch 2.13.0+cu128, strategy zero2, zero3, model debugmodel.</p>'
+    )
+    assert render_lab_result({"finding": "no config"}) == '<p class="mc-lab-finding">no config</p>'
 
 
 # --- Stamps ---------------------------------------------------------------------------------
@@ -355,24 +376,34 @@ def test_studyapp_export_anki_carries_the_latest_finished_lab_run_from_the_datab
 
 
 def test_committed_exports_are_up_to_date_with_the_bank(tmp_path):
-    """exports/ must be rebuilt (`studyapp export-anki`) and committed whenever bank/ changes."""
-    committed = DEFAULT_EXPORTS_DIR
-    manifest = read_manifest(committed / MANIFEST_FILE)
-    assert manifest is not None, "exports/manifest.json is missing: run `studyapp export-anki` and commit exports/"
-    decks = load_bank()
-    lab_results = read_lab_results(committed / LAB_RESULTS_FILE)
-    # A rebuild from the committed manifest keeps every stamp unless a note's content changed.
-    export_anki(decks, tmp_path, lab_results, now=2**31 - 1, previous=manifest)
-    stale = "exports/ is out of date with bank/ and exports/lab-results.json: run `studyapp export-anki` and commit exports/"
-    for name in [f"{deck.id}.apkg" for deck in decks] + [ALL_DECKS_FILE]:
-        assert (committed / name).is_file(), f"exports/{name} is missing. {stale}"
-        ours, theirs = read_package(tmp_path / name), read_package(committed / name)
-        assert theirs.deck_names == ours.deck_names, f"{name}: deck names differ. {stale}"
-        assert theirs.notes.keys() == ours.notes.keys(), f"{name}: notes differ. {stale}"
-        for note_guid, note in ours.notes.items():
-            old = theirs.notes[note_guid]
-            assert (old.fields, old.tags) == (note.fields, note.tags), f"{name}: note {note.fields[-1]} differs. {stale}"
-            assert old.mod == note.mod, f"{name}: note {note.fields[-1]} has a stale mtime. {stale}"
-        assert theirs.note_types[NOTE_TYPE_ID]["tmpls"] == ours.note_types[NOTE_TYPE_ID]["tmpls"], f"{name}: templates. {stale}"
-        assert theirs.note_types[NOTE_TYPE_ID]["css"] == ours.note_types[NOTE_TYPE_ID]["css"], f"{name}: CSS. {stale}"
-    assert json.loads((tmp_path / MANIFEST_FILE).read_text()) == json.loads((committed / MANIFEST_FILE).read_text()), stale
+    problems = stale_exports(load_bank(), DEFAULT_EXPORTS_DIR, tmp_path)
+    assert problems == [], (
+        "exports/ is out of date with bank/, the lab titles and claims in sharding_lab/catalog.py, or "
+        "exports/lab-results.json: run `studyapp export-anki` "
+        "and commit exports/.\n" + "\n".join(problems)
+    )
+
+
+def test_stale_exports_name_what_is_out_of_date(tmp_path, runner):
+    bank, out = write_bank(tmp_path / "bank"), tmp_path / "out"
+    export_anki(load_bank(bank), out, {}, T0)
+    scratch = iter(tmp_path / f"scratch{i}" for i in range(10))
+    assert stale_exports(load_bank(bank), out, next(scratch)) == []
+    assert runner.invoke(args=["export-anki", "--check", "--bank", str(bank), "--out", str(out)]).exit_code == 0
+
+    write_bank(bank, edits={"zero-q1": "Reworded?"})
+    problems = stale_exports(load_bank(bank), out, next(scratch))
+    assert problems == [
+        "all-decks.apkg: note zero-q1 has changed",
+        "zero.apkg: note zero-q1 has changed",
+        "manifest.json is out of date",
+    ]
+    result = runner.invoke(args=["export-anki", "--check", "--bank", str(bank), "--out", str(out)])
+    assert result.exit_code == 1 and "zero.apkg: note zero-q1 has changed" in result.output
+
+    write_bank(bank)
+    (out / LAB_RESULTS_FILE).write_text(json.dumps({"adam-optimizer-state": LAB_RESULT}))
+    assert "zero.apkg: note zero-q2 has changed" in stale_exports(load_bank(bank), out, next(scratch))
+    (out / LAB_RESULTS_FILE).write_text("{}")
+    (out / "fsdp.apkg").unlink()
+    assert stale_exports(load_bank(bank), out, next(scratch)) == ["fsdp.apkg is missing"]
