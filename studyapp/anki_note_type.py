@@ -92,6 +92,7 @@ SCRIPT = r"""
     var state = { qid: qid, order: order, chosen: null };
     save(state);
     reorder(order);
+    list.setAttribute("role", "radiogroup");
     var choose = function (index) {
       state.chosen = index;
       save(state);

@@ -157,6 +157,25 @@ def test_a_page_per_side_carries_the_choice_through_session_storage(chromium):
 
 
 @pytest.mark.browser
+def test_without_session_storage_one_page_still_carries_the_choice(chromium):
+    context = chromium.new_context()
+    # As on a page whose storage is off or whose origin forbids it: every access throws.
+    context.add_init_script("Object.defineProperty(window, 'sessionStorage', { get() { throw new Error('denied'); } });")
+    serve(context, {"blank": ""})
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda error: errors.append(error))
+    page.goto("http://anki.test/blank")
+    page.evaluate(SHOW_LIKE_DESKTOP, render(FRONT, QUESTION))
+    page.locator("#mc-card .mc-choices li", has_text="Barrier").click()
+    page.evaluate(SHOW_LIKE_DESKTOP, render(BACK, QUESTION))
+    assert page.locator("#mc-card .mc-choices li.mc-chosen").inner_text() == "Barrier"
+    assert page.locator("#mc-card .mc-choices li.mc-correct").inner_text() == "All-gather"
+    assert errors == []
+    context.close()
+
+
+@pytest.mark.browser
 def test_without_javascript_both_sides_stay_readable(chromium):
     context = chromium.new_context(java_script_enabled=False)
     serve(context, {"front": render(FRONT, QUESTION), "back": render(BACK, QUESTION)})
