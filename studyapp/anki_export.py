@@ -115,12 +115,13 @@ def render_lab_result(result: LabResult | None) -> str:
     return "".join(parts)
 
 
-# What lab-results.json keeps of a run: what the cards show, not its measurements and charts.
-CARRIED_RESULT_KEYS = ("lab", "title", "claim", "holds", "finding", "config")
+# lab-results.json keeps a run without its bulky parts, as `sharding-lab run --export` writes it
+# (sharding_lab.labs.runner.summarize; the export reads only the torch-free catalogue).
+BULKY_RESULT_KEYS = ("measurements", "charts")
 
 
 def carried_result(result: LabResult) -> dict[str, Any]:
-    return {key: result[key] for key in CARRIED_RESULT_KEYS if key in result}
+    return {key: value for key, value in result.items() if key not in BULKY_RESULT_KEYS}
 
 
 def lab_fields(lab_id: str, lab_result: LabResult | None) -> tuple[str, str, str, str]:
