@@ -384,6 +384,25 @@ def test_committed_exports_are_up_to_date_with_the_bank(tmp_path):
     )
 
 
+def test_committed_exports_import_into_anki_with_every_bank_question(collection):
+    decks = load_bank()
+    lab_results = read_lab_results(DEFAULT_EXPORTS_DIR / LAB_RESULTS_FILE)
+    for deck in decks:
+        log = import_package(collection, DEFAULT_EXPORTS_DIR / f"{deck.id}.apkg")
+        assert log["new"] == sorted(guid(q.id) for q in deck.questions)
+    log = import_package(collection, DEFAULT_EXPORTS_DIR / ALL_DECKS_FILE)
+    questions = [q for deck in decks for q in deck.questions]
+    assert (len(log["new"]), len(log["updated"]), len(log["duplicate"])) == (0, 0, len(questions))
+    notes = notes_in(collection)
+    assert len(notes) == len(questions)
+    for deck in decks:
+        for question in deck.questions:
+            note = notes[guid(question.id)]
+            assert tuple(note["fields"].values()) == render_note(question, lab_results.get(question.lab)).fields
+            assert note["deck"] == f"Sharding study::{deck.title}"
+            assert note["fields"]["LabCommand"] == f"sharding-lab run {question.lab}"
+
+
 def test_stale_exports_name_what_is_out_of_date(tmp_path, runner):
     bank, out = write_bank(tmp_path / "bank"), tmp_path / "out"
     export_anki(load_bank(bank), out, {}, T0)
