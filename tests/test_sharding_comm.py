@@ -1,0 +1,148 @@
+"""The collective tracker: ring formulas, what it records for each c10d op, and the ordered timeline
+of a real FSDP step (all-gathers before each block, prefetching, reduce-scatters in backward)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from sharding_measurements import measurements
+
+from sharding_lab.comm import CommTracker, ring_wire_bytes
+from sharding_lab.model import GPT, config_for
+
+
+@pytest.mark.parametrize(
+    ("op", "world_size", "expected"),
+    [
+        ("all_gather", 4, 750),  # (N-1)/N * S
+        ("reduce_scatter", 4, 750),
+        ("all_reduce", 4, 1500),  # 2(N-1)/N * S
+        ("broadcast", 4, 750),  # pipelined over a ring: (N-1)/N * S per rank on average
+        ("all_reduce", 1, 0),
+    ],
+)
+def test_ring_wire_bytes(op, world_size, expected):
+    assert ring_wire_bytes(op, 1000, world_size) == expected
+
+
+@pytest.fixture(scope="module")
+def one_rank_group():
+    """A one-rank gloo group in this process: collectives still reach the dispatcher."""
+    from sharding_lab.launch import _free_port
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_records_each_collective_with_its_phase_and_logical_bytes(one_rank_group):
+    model = GPT(config_for("tiny"))
+    tracker = CommTracker(model, world_size=1)
+    x = torch.ones(10)
+    with tracker:
+        with tracker.phase("forward"):
+            dist.all_reduce(x)
+        with tracker.phase("backward"):
+            out = torch.empty(10)
+            dist.all_gather_into_tensor(out, x)
+            dist.reduce_scatter_tensor(torch.empty(10), out)
+        with tracker.phase("optimizer"):
+            dist.broadcast(model.wpe.weight.data, src=0)
+    dist.all_reduce(x)  # outside the tracker: not recorded
+    tracker.remove_hooks()
+    recorded = [(c["op"], c["phase"], c["bytes"]) for c in tracker.collectives]
+    assert recorded == [
+        ("all_reduce", "forward", 40),
+        ("all_gather", "backward", 40),
+        ("reduce_scatter", "backward", 40),
+        ("broadcast", "optimizer", 4 * 32 * 32),
+    ]
+    # A broadcast parameter is attributed to the unit that owns it.
+    assert tracker.collectives[-1]["module"] == "root"
+    assert tracker.totals()["all_reduce"] == {"count": 1, "bytes": 40, "wire_bytes_derived": 0}
+
+
+def test_module_events_nest_in_forward_and_backward(one_rank_group):
+    model = GPT(config_for("tiny"))
+    tracker = CommTracker(model, world_size=1)
+    idx = torch.zeros(1, 8, dtype=torch.long)
+    with tracker:
+        with tracker.phase("forward"):
+            loss = model(idx, idx)
+        with tracker.phase("backward"):
+            loss.backward()
+    events = [(e["event"], e["module"]) for e in tracker.timeline]
+    blocks = [f"blocks.{i}" for i in range(4)]
+    forward = [("forward_start", "root")]
+    for b in blocks:
+        forward += [("forward_start", b), ("forward_end", b)]
+    forward.append(("forward_end", "root"))
+    backward = [("backward_start", "root")]
+    for b in reversed(blocks):
+        backward += [("backward_start", b), ("backward_end", b)]
+    backward.append(("backward_end", "root"))
+    assert events == forward + backward
+
+
+def timeline(m: dict) -> list[tuple[str, str, str]]:
+    """(kind, module, pass) per event: kind is the op for collectives, else e.g. 'forward_start'."""
+    return [
+        (e["op"], e["module"], e["phase"]) if e["event"] == "collective" else (e["event"], e["module"], e["pass"])
+        for e in m["comm"]["timeline"]
+    ]
+
+
+def position(events, kind, module, phase=None) -> int:
+    return next(i for i, e in enumerate(events) if e[0] == kind and e[1] == module and (phase is None or e[2] == phase))
+
+
+@pytest.mark.slow
+def test_without_prefetch_each_block_is_gathered_right_before_its_forward():
+    events = timeline(measurements()["zero3 no prefetch"])
+    for i in range(4):
+        start = position(events, "forward_start", f"blocks.{i}")
+        assert events[start - 1] == ("all_gather", f"blocks.{i}", "forward")
+        if i > 0:  # and only after the previous block finished
+            assert events[start - 2] == ("forward_end", f"blocks.{i - 1}", "forward")
+
+
+@pytest.mark.slow
+def test_with_prefetch_the_next_blocks_gather_is_issued_before_the_current_block_ends():
+    m = measurements()["zero3"]
+    events = timeline(m)
+    for i in range(3):
+        next_gather = position(events, "all_gather", f"blocks.{i + 1}", "forward")
+        assert next_gather < position(events, "forward_end", f"blocks.{i}")
+    prefetched = [c["module"] for c in m["comm"]["collectives"] if c["prefetch"] and c["phase"] == "forward"]
+    assert prefetched == ["blocks.0", "blocks.1", "blocks.2", "blocks.3"]
+
+
+@pytest.mark.slow
+def test_each_blocks_reduce_scatter_happens_inside_its_backward():
+    for key in ("zero2", "zero3", "zero3 no prefetch"):
+        events = timeline(measurements()[key])
+        for i in range(4):
+            rs = position(events, "reduce_scatter", f"blocks.{i}")
+            assert position(events, "backward_start", f"blocks.{i}") < rs < position(events, "backward_end", f"blocks.{i}")
+
+
+@pytest.mark.slow
+def test_ddp_all_reduce_fires_in_backward_and_zero1_broadcasts_in_the_optimizer_step():
+    ddp = timeline(measurements()["ddp"])
+    all_reduce = position(ddp, "all_reduce", "root")
+    assert position(ddp, "backward_start", "root") < all_reduce < position(ddp, "backward_end", "root")
+    zero1 = measurements()["zero1"]["comm"]["collectives"]
+    assert {c["phase"] for c in zero1 if c["op"] == "broadcast"} == {"optimizer"}
+
+
+@pytest.mark.slow
+def test_wire_bytes_are_derived_per_collective_and_summed_per_op():
+    for m in measurements().values():
+        n = m["config"]["world_size"]
+        for c in m["comm"]["collectives"]:
+            assert c["wire_bytes_derived"] == ring_wire_bytes(c["op"], c["bytes"], n)
+        for op, total in m["comm"]["totals"].items():
+            assert total["wire_bytes_derived"] == sum(
+                c["wire_bytes_derived"] for c in m["comm"]["collectives"] if c["op"] == op
+            )

@@ -1,0 +1,95 @@
+"""Per-rank memory: exact bytes of the local tensors, and the trackers' categories over a real step."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from sharding_measurements import WORLD_SIZE, measurements
+
+from sharding_lab.memory import CATEGORIES, model_state_bytes
+from sharding_lab.model import GPT, config_for
+
+
+def test_model_state_bytes_reads_params_grads_and_adam_state_exactly():
+    model = GPT(config_for("tiny", n_layer=1))
+    optimizer = torch.optim.Adam(model.parameters(), foreach=False)
+    idx = torch.zeros(1, 4, dtype=torch.long)
+    model(idx, idx).backward()
+    optimizer.step()
+    psi = model.num_params()
+    n_tensors = len(list(model.parameters()))
+    states = model_state_bytes(model, optimizer, world_size=1)
+    assert states["params_bytes"] == states["grads_bytes"] == 4 * psi
+    assert states["optimizer_bytes"] == 8 * psi  # exp_avg and exp_avg_sq
+    assert states["optimizer_scalar_bytes"] == 4 * n_tensors  # one fp32 `step` per parameter tensor
+    assert states["model_states_bytes"] == 16 * psi
+    assert states["padding_elements"] == states["padding_bytes"] == 0
+
+
+slow = pytest.mark.slow
+
+
+@slow
+def test_persistent_memory_is_the_model_states_and_nothing_else():
+    for key, m in measurements().items():
+        for rank in m["memory"]["per_rank"]:
+            # FSDP allocates a short shard's parameter and gradient at the padded size; Adam's state
+            # (zeros_like of the unpadded local tensor) has no padding.
+            allocated_padding = rank["padding_elements"] * (4 + 4)
+            expected = rank["model_states_bytes"] + rank["optimizer_scalar_bytes"] + allocated_padding
+            assert rank["persistent_bytes"] == expected, key
+
+
+@slow
+def test_peak_categories_add_up_to_the_peak():
+    for key, m in measurements().items():
+        for rank in m["memory"]["per_rank"]:
+            assert set(rank["categories"]) == set(CATEGORIES)
+            assert sum(rank["categories"].values()) == rank["peak_bytes"], key
+            assert rank["peak_bytes"] > rank["persistent_bytes"]  # activations exist at the peak
+            assert rank["categories"]["activations"] > 0
+            assert rank["cuda_max_memory_allocated"] is None  # CPU run
+
+
+@slow
+def test_fsdp_buffers_appear_only_under_fsdp():
+    ms = measurements()
+    for key in ("ddp", "zero1"):
+        peaks = ms[key]["memory"]["per_rank"][0]["category_peaks"]
+        assert peaks["all_gather_buffers"] == peaks["reduce_scatter_buffers"] == 0
+    for key in ("zero2", "zero3"):
+        peaks = ms[key]["memory"]["per_rank"][0]["category_peaks"]
+        assert peaks["all_gather_buffers"] > 0 and peaks["reduce_scatter_buffers"] > 0
+
+
+def unit_bytes(m: dict) -> tuple[int, int]:
+    """(root's full fp32 parameter bytes, one block's), read off the forward all-gathers."""
+    gathers = {c["module"]: c["bytes"] for c in m["comm"]["collectives"] if c["op"] == "all_gather" and c["phase"] == "forward"}
+    return gathers["root"], gathers["blocks.0"]
+
+
+@slow
+def test_reshard_after_forward_keeps_at_most_the_root_and_a_block_or_two_gathered():
+    ms = measurements()
+    root, block = unit_bytes(ms["zero3"])
+    for key in ("zero3", "zero3 no prefetch"):
+        for rank in ms[key]["memory"]["per_rank"]:
+            assert rank["unsharded_params_after_forward_bytes"] == root  # the root is never resharded
+            assert root + block <= rank["unsharded_params_peak_bytes"] <= root + 2 * block
+
+
+@slow
+def test_without_reshard_after_forward_every_block_stays_gathered_until_backward():
+    m = measurements()["zero2"]
+    full = 4 * m["config"]["num_params"]
+    for rank in m["memory"]["per_rank"]:
+        assert rank["unsharded_params_after_forward_bytes"] == full
+        assert rank["unsharded_params_peak_bytes"] == full
+        assert rank["params_bytes"] == full // WORLD_SIZE  # and only the shard between steps
+
+
+@slow
+def test_ddp_parameters_are_always_whole():
+    m = measurements()["ddp"]
+    for rank in m["memory"]["per_rank"]:
+        assert rank["unsharded_params_after_forward_bytes"] == rank["params_bytes"] == 4 * m["config"]["num_params"]
