@@ -168,7 +168,8 @@ BACK = (
 CSS = """
 .card { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; font-size: 18px;
   line-height: 1.45; color: #1d1d1f; background: #fff; text-align: left; }
-.nightMode.card, .night_mode .card { color: #e8e8e8; background: #1e1e1e; }
+/* Night mode: Anki desktop and AnkiWeb add .nightMode, AnkiDroid .night_mode. */
+.card.nightMode, .card.night_mode, .nightMode .card, .night_mode .card { color: #e8e8e8; background: #1e1e1e; }
 .mc { max-width: 44em; margin: 0 auto; padding: 0 0.5em; }
 .mc-prompt { font-weight: 600; margin: 0.4em 0 0.8em; }
 .mc-choices { padding-left: 1.6em; }
