@@ -31,6 +31,9 @@ def make_engine(url: str) -> Engine:
             # killed process (only a power cut can lose the last commits).
             cursor.execute("PRAGMA journal_mode = WAL")
             cursor.execute("PRAGMA synchronous = NORMAL")
+            # Checkpoints fsync; every 10,000 pages (~40 MB of WAL) instead of 1,000 spreads
+            # that cost over ten times more reviews.
+            cursor.execute("PRAGMA wal_autocheckpoint = 10000")
         cursor.close()
 
     return engine

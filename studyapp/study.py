@@ -11,10 +11,11 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
+from functools import cached_property
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from sqlalchemy import func, update
+from sqlalchemy import bindparam, func, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlmodel import Session, select
 
@@ -145,7 +146,7 @@ def grade_options(card: Card, correct: bool, today: date) -> list[GradeOption]:
     return options
 
 
-def is_up_today(card: Card, today: date) -> bool:
+def is_up_today(card: Card | Any, today: date) -> bool:
     """Whether the card may be graded today: new, due, or waiting for its step-7 repeat."""
     if card.retired:
         return False
@@ -208,15 +209,47 @@ def next_card(session: Session, now: datetime, settings: StudySettings, deck_id:
 # --- Grading and undo -------------------------------------------------------------------
 
 
+# Built once: grading is the app's hot path, and building SQL expressions (and ORM objects)
+# costs more there than running the statements.
+_CARD_TO_GRADE = select(
+    Card.id, Card.question_id, Card.choices, Card.answer, Card.retired, Card.repetitions, Card.easiness,
+    Card.interval, Card.due_day, Card.repeat_day, Card.last_reviewed_at, Card.version,
+).where(Card.id == bindparam("card_id"))
+# Applies a grade only if the card is still at the version that was shown.
+_ADVANCE_CARD = (
+    update(Card)
+    .where(Card.id == bindparam("card_id"), Card.version == bindparam("expected_version"))
+    .values(
+        repetitions=bindparam("new_repetitions"),
+        easiness=bindparam("new_easiness"),
+        interval=bindparam("new_interval"),
+        due_day=bindparam("new_due_day"),
+        repeat_day=bindparam("new_repeat_day"),
+        last_reviewed_at=bindparam("new_last_reviewed_at"),
+        version=bindparam("new_version"),
+    )
+)
+_APPEND_LOG = ReviewLog.__table__.insert()
+
+
 def submission_id(card_id: int, version: int) -> str:
     """One answer to one showing of a card: two tabs or a retry of the same showing share it."""
     return f"card{card_id}-v{version}"
 
 
-@dataclass(frozen=True)
+@dataclass
 class GradeResult:
-    log: ReviewLog
+    row: dict[str, Any]  # the review log row, as stored
     duplicate: bool  # the same submission was already recorded; nothing changed
+
+    @cached_property
+    def log(self) -> ReviewLog:
+        """The row as a (detached) ReviewLog; built on demand, off the grading hot path."""
+        return ReviewLog(**self.row)
+
+    @classmethod
+    def of(cls, log: ReviewLog, duplicate: bool) -> GradeResult:
+        return cls(log.model_dump(), duplicate)
 
 
 def _find_submission(session: Session, sid: str) -> ReviewLog | None:
@@ -239,79 +272,92 @@ def grade(
     Submitting the same showing again returns the first result and changes nothing.
     """
     sid = submission_id(card_id, version)
-    if existing := _find_submission(session, sid):
-        return GradeResult(existing, duplicate=True)
-    card = session.get(Card, card_id)
+    connection = session.connection()
+    card = connection.execute(_CARD_TO_GRADE, {"card_id": card_id}).first()
     if card is None:
+        session.rollback()
         raise ReviewRejected(f"there is no card {card_id}", status=404)
     if card.version != version:
+        # Versions only grow and every grade bumps one, so only a mismatch can be a repeat.
+        session.rollback()
+        if existing := _find_submission(session, sid):
+            return GradeResult.of(existing, duplicate=True)
         raise ReviewConflict()
-    if not 0 <= choice < len(card.choices):
-        raise ReviewRejected(f"choice must be from 0 to {len(card.choices) - 1}, got {choice}")
-    correct = choice == card.answer
-    if quality not in allowed_qualities(correct):
-        allowed = allowed_qualities(correct)
-        raise ReviewRejected(
-            f"a {'right' if correct else 'wrong'} answer is graded {allowed[0]} to {allowed[-1]}, got {quality}"
-        )
-    today = study_day(now, settings)
-    if not is_up_today(card, today):
-        why = "is retired" if card.retired else f"is not due until {card.due_day}"
-        raise ReviewRejected(f"card {card.question_id} {why}")
-
-    is_repeat = card.repeat_day == today
-    before = Schedule.of(card)
-    after = schedule_after(before, quality, is_repeat, today)
-    reviewed_at = as_utc(now)
-    log = ReviewLog(
-        card_id=card_id,
-        submission_id=sid,
-        reviewed_at=reviewed_at,
-        study_day=today,
-        quality=quality,
-        choice=choice,
-        correct=correct,
-        is_repeat=is_repeat,
-        was_new=card.is_new and not is_repeat,
-        before_repetitions=before.repetitions,
-        before_easiness=before.easiness,
-        before_interval=before.interval,
-        before_due_day=before.due_day,
-        before_repeat_day=before.repeat_day,
-        before_last_reviewed_at=card.last_reviewed_at,
-        after_repetitions=after.repetitions,
-        after_easiness=after.easiness,
-        after_interval=after.interval,
-        after_due_day=after.due_day,
-        after_repeat_day=after.repeat_day,
-    )
     try:
-        changed = session.execute(
-            update(Card)
-            .where(Card.id == card_id, Card.version == version)
-            .values(
-                repetitions=after.repetitions,
-                easiness=after.easiness,
-                interval=after.interval,
-                due_day=after.due_day,
-                repeat_day=after.repeat_day,
-                last_reviewed_at=reviewed_at,
-                version=version + 1,
-            )
+        today = study_day(now, settings)
+        log = _review_log(card, sid, choice, quality, as_utc(now), today)
+    except ReviewRejected:
+        session.rollback()
+        raise
+    try:
+        changed = connection.execute(
+            _ADVANCE_CARD,
+            {
+                "card_id": card_id,
+                "expected_version": version,
+                "new_repetitions": log["after_repetitions"],
+                "new_easiness": log["after_easiness"],
+                "new_interval": log["after_interval"],
+                "new_due_day": log["after_due_day"],
+                "new_repeat_day": log["after_repeat_day"],
+                "new_last_reviewed_at": log["reviewed_at"],
+                "new_version": version + 1,
+            },
         ).rowcount
         if changed != 1:
             raise ReviewConflict()
-        session.add(log)
+        log_id = connection.execute(_APPEND_LOG, log).inserted_primary_key[0]
         session.commit()
     except (ReviewConflict, IntegrityError, OperationalError):
         # Lost a race: if it was against this same submission, that one counts.
         session.rollback()
         if existing := _find_submission(session, sid):
-            return GradeResult(existing, duplicate=True)
+            return GradeResult.of(existing, duplicate=True)
         raise ReviewConflict() from None
     finally:
         session.expire_all()
-    return GradeResult(log, duplicate=False)
+    return GradeResult({**log, "id": log_id}, duplicate=False)
+
+
+def _review_log(card, sid: str, choice: int, quality: int, reviewed_at: datetime, today: date) -> dict:
+    """The log row for this grade, checked: the choice exists, the grade fits the answer, the card is up."""
+    if not 0 <= choice < len(card.choices):
+        raise ReviewRejected(f"choice must be from 0 to {len(card.choices) - 1}, got {choice}")
+    correct = choice == card.answer
+    allowed = allowed_qualities(correct)
+    if quality not in allowed:
+        raise ReviewRejected(
+            f"a {'right' if correct else 'wrong'} answer is graded {allowed[0]} to {allowed[-1]}, got {quality}"
+        )
+    if not is_up_today(card, today):
+        why = "is retired" if card.retired else f"is not due until {card.due_day}"
+        raise ReviewRejected(f"card {card.question_id} {why}")
+    is_repeat = card.repeat_day == today
+    before = Schedule(card.repetitions, card.easiness, card.interval, card.due_day, card.repeat_day)
+    after = schedule_after(before, quality, is_repeat, today)
+    return {
+        "card_id": card.id,
+        "submission_id": sid,
+        "reviewed_at": reviewed_at,
+        "study_day": today,
+        "quality": quality,
+        "choice": choice,
+        "correct": correct,
+        "is_repeat": is_repeat,
+        "was_new": card.due_day is None and not is_repeat,
+        "before_repetitions": before.repetitions,
+        "before_easiness": before.easiness,
+        "before_interval": before.interval,
+        "before_due_day": before.due_day,
+        "before_repeat_day": before.repeat_day,
+        "before_last_reviewed_at": card.last_reviewed_at,
+        "after_repetitions": after.repetitions,
+        "after_easiness": after.easiness,
+        "after_interval": after.interval,
+        "after_due_day": after.due_day,
+        "after_repeat_day": after.repeat_day,
+        "undone_at": None,
+    }
 
 
 def last_live_review(session: Session) -> ReviewLog | None:

@@ -1,0 +1,190 @@
+"""The study app under load, measured side by side in one run:
+
+(a) review-submit throughput on a 100,000-card deck, as a ratio to a bare Flask endpoint
+    served by the same server process (same WSGI stack, CSRF check and HTTP client);
+(b) the time to fetch the next due card at 100,000 cards over the time at 1,000 cards
+    (an index lookup stays flat; a scan would grow 100x).
+"""
+
+from __future__ import annotations
+
+import http.client
+import multiprocessing
+import random
+import statistics
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from urllib.parse import urlencode
+
+from sqlalchemy import insert
+from sqlmodel import Session
+
+from benchmarks.figure import Figure
+from studyapp import sm2
+from studyapp.db import make_engine, upgrade_schema
+from studyapp.models import Card, Deck, ReviewLog
+from studyapp.study import StudySettings, next_card, study_day
+
+BIG, SMALL = 100_000, 1_000
+SUBMITS_PER_ROUND, ROUNDS = 150, 6  # interleaved, so drift on a shared machine hits both alike
+FETCHES = 400
+NOW = datetime(2026, 3, 2, 12, tzinfo=timezone.utc)
+SETTINGS = StudySettings(timezone="UTC")
+TODAY = study_day(NOW, SETTINGS)
+
+
+def build_database(path: Path, cards: int) -> str:
+    """A deck of `cards` cards: a fifth new, the rest reviewed and due from 30 days ago to 60 ahead,
+    the first SUBMITS_PER_ROUND x ROUNDS of them due today; plus a day's worth of review log."""
+    url = f"sqlite:///{path}"
+    engine = make_engine(url)
+    upgrade_schema(engine)
+    rng = random.Random(cards)
+    rows = []
+    for i in range(cards):
+        due_now = i < SUBMITS_PER_ROUND * ROUNDS
+        new = not due_now and rng.random() < 0.2
+        rows.append({
+            "question_id": f"bench-{i}", "deck_id": "bench", "position": i,
+            "prompt": f"Question {i}?", "choices": ["right", "wrong a", "wrong b", "wrong c"], "answer": 0,
+            "explanation": "Because.", "why_wrong": ["", "no", "no", "no"], "lab": "what-fsdp-shards", "tags": ["bench"],
+            "content_hash": f"{i:064x}", "retired": False,
+            "repetitions": 0 if new else 2, "easiness": sm2.INITIAL_EASINESS, "interval": 0 if new else 6,
+            "due_day": None if new else TODAY - timedelta(days=0 if due_now else rng.randint(-60, 30)),
+            "repeat_day": None, "last_reviewed_at": None, "version": 0,
+        })
+    with Session(engine) as session:
+        session.add(Deck(id="bench", title="Benchmark deck"))
+        session.commit()
+        for start in range(0, len(rows), 10_000):
+            session.execute(insert(Card), rows[start:start + 10_000])
+        logs = [{
+            "card_id": cards - j, "submission_id": f"seed-{j}", "reviewed_at": NOW, "study_day": TODAY, "quality": 4,
+            "choice": 0, "correct": True, "is_repeat": False, "was_new": False,
+            "before_repetitions": 2, "before_easiness": 2.5, "before_interval": 6,
+            "after_repetitions": 3, "after_easiness": 2.5, "after_interval": 15,
+        } for j in range(50)]
+        session.execute(insert(ReviewLog), logs)
+        session.commit()
+    engine.dispose()
+    return url
+
+
+def _serve(database_url: str, instance: str, port_queue) -> None:
+    """The server process: the study app plus a bare endpoint, on one werkzeug server."""
+    from flask import request
+    from werkzeug.serving import WSGIRequestHandler, make_server
+
+    from studyapp import create_app
+
+    app = create_app({"DATABASE_URL": database_url, "SECRET_KEY": "bench", "TIMEZONE": "UTC", "CLOCK": lambda: NOW},
+                     instance_path=instance)
+
+    @app.post("/bench/bare")
+    def bare():
+        return request.form.get("quality", "")
+
+    @app.get("/bench/token")
+    def token():
+        from studyapp.csrf import csrf_token
+
+        return csrf_token()
+
+    class QuietHandler(WSGIRequestHandler):
+        def log_request(self, *args, **kwargs) -> None:
+            pass
+
+    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=QuietHandler)
+    port_queue.put(server.server_port)
+    server.serve_forever()
+
+
+def _post(port: int, path: str, body: dict, cookie: str) -> int:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection.request("POST", path, urlencode(body), {"Content-Type": "application/x-www-form-urlencoded", "Cookie": cookie})
+    response = connection.getresponse()
+    response.read()
+    connection.close()
+    return response.status
+
+
+def submit_throughput(folder: Path) -> tuple[float, float]:
+    """Requests per second of (review submits, bare endpoint), interleaved in rounds."""
+    url = build_database(folder / "big.sqlite3", BIG)
+    context = multiprocessing.get_context("spawn")
+    ports = context.Queue()
+    server = context.Process(target=_serve, args=(url, str(folder / "instance"), ports), daemon=True)
+    server.start()
+    try:
+        port = ports.get(timeout=120)
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        connection.request("GET", "/bench/token")
+        response = connection.getresponse()
+        token = response.read().decode()
+        cookie = response.getheader("Set-Cookie").split(";")[0]
+        submit_time = bare_time = 0.0
+        card_id = 1
+        for _ in range(ROUNDS):
+            started = time.perf_counter()
+            for _ in range(SUBMITS_PER_ROUND):
+                body = {"csrf_token": token, "card_id": card_id, "version": 0, "choice": 0, "quality": 5}
+                assert _post(port, "/study/grade", body, cookie) == 302
+                card_id += 1
+            submit_time += time.perf_counter() - started
+            started = time.perf_counter()
+            for _ in range(SUBMITS_PER_ROUND):
+                body = {"csrf_token": token, "card_id": card_id, "version": 0, "choice": 0, "quality": 5}
+                assert _post(port, "/bench/bare", body, cookie) == 200
+            bare_time += time.perf_counter() - started
+        total = SUBMITS_PER_ROUND * ROUNDS
+        return total / submit_time, total / bare_time
+    finally:
+        server.terminate()
+        server.join(timeout=10)
+
+
+def fetch_time(url: str) -> float:
+    """Median seconds for next_card on this database."""
+    engine = make_engine(url)
+    times = []
+    with Session(engine) as session:
+        for _ in range(FETCHES):
+            started = time.perf_counter()
+            card = next_card(session, NOW, SETTINGS)
+            times.append(time.perf_counter() - started)
+            assert card is not None
+    engine.dispose()
+    return statistics.median(times)
+
+
+def run() -> list[Figure]:
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        submits, bare = submit_throughput(folder)
+        # Fresh databases for (b): the one the server wrote to would time its WAL, not the index.
+        small_url = build_database(folder / "small.sqlite3", SMALL)
+        big_url = build_database(folder / "big-fetch.sqlite3", BIG)
+        fetch_time(small_url), fetch_time(big_url)  # warm caches
+        small, big = [], []
+        for _ in range(3):
+            small.append(fetch_time(small_url))
+            big.append(fetch_time(big_url))
+    small_s, big_s = min(small), min(big)
+    return [
+        Figure(
+            "app: review submits/s on 100k cards / bare Flask endpoint",
+            submits / bare,
+            "x",
+            ">= 0.5",
+            f"{submits:.0f} submits/s against {bare:.0f} bare requests/s, same server, {SUBMITS_PER_ROUND * ROUNDS} each",
+        ),
+        Figure(
+            "app: next-due-card fetch, 100k cards / 1k cards",
+            big_s / small_s,
+            "x",
+            "<= 1.5",
+            f"{big_s * 1e6:.0f} us at {BIG:,} cards against {small_s * 1e6:.0f} us at {SMALL:,} (median of {FETCHES})",
+        ),
+    ]
