@@ -178,7 +178,7 @@ CSS = """
 .mc-js[data-side="front"] .mc-choices li { cursor: pointer; }
 .mc-choices li.mc-chosen { border-color: #3478f6; background: rgba(52, 120, 246, 0.12); }
 .mc-choices li.mc-correct { border-color: #2e9b47; background: rgba(46, 155, 71, 0.16); }
-.mc-choices li.mc-chosen:not(.mc-correct) { border-color: #d93b3b; background: rgba(217, 59, 59, 0.14); }
+.mc[data-side="back"] .mc-choices li.mc-chosen:not(.mc-correct) { border-color: #d93b3b; background: rgba(217, 59, 59, 0.14); }
 .mc-hint { display: none; font-size: 0.8em; opacity: 0.7; }
 .mc-js .mc-hint { display: block; }
 .mc-verdict.mc-right { color: #2e9b47; font-weight: 600; }

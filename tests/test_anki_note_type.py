@@ -126,11 +126,16 @@ def test_desktop_keeps_the_shuffled_order_and_the_choice_from_front_to_back(chro
     assert page.locator(".mc-hint").is_visible()
 
     page.locator("#mc-card .mc-choices li", has_text="Scatter").click()
-    assert page.locator("#mc-card li.mc-chosen").inner_text() == "Scatter"
+    chosen = page.locator("#mc-card li.mc-chosen")
+    assert chosen.inner_text() == "Scatter"
+    blue = "rgba(52, 120, 246, 0.12)"  # the front marks a choice as chosen, never as right or wrong
+    assert chosen.evaluate("el => getComputedStyle(el).backgroundColor") == blue
     page.evaluate(SHOW_LIKE_DESKTOP, render(BACK, QUESTION))
     assert choice_texts(page) == front_order
     assert page.locator("#mc-card .mc-choices li.mc-correct").inner_text() == "All-gather"
     assert page.locator("#mc-card .mc-choices li.mc-chosen").inner_text() == "Scatter"
+    red = "rgba(217, 59, 59, 0.14)"
+    assert page.locator("#mc-card .mc-choices li.mc-chosen").evaluate("el => getComputedStyle(el).backgroundColor") == red
     assert "Not quite" in page.locator("#mc-verdict").inner_text()
     assert "Scatter shards" in page.locator(".mc-why-wrong li.mc-chosen").inner_text()
 
