@@ -17,6 +17,8 @@ import json
 import sys
 from collections.abc import Callable, Sequence
 
+from sharding_lab.labs.commands import register as register_labs  # list, run (no torch on import)
+
 # Spelled out here so that `--help` and `estimate` never import torch (sharding_lab.parallelize and
 # sharding_lab.model hold the real definitions; a test keeps the lists equal).
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
@@ -120,7 +122,7 @@ def _register_estimate(subparsers) -> None:
 
 
 # Every subcommand, in the order `--help` lists them. The labs' `list` and `run` go here too.
-SUBCOMMANDS: tuple[Callable[..., None], ...] = (register_measure, register_compare, _register_estimate)
+SUBCOMMANDS: tuple[Callable[..., None], ...] = (register_measure, register_compare, _register_estimate, register_labs)
 
 
 def build_parser() -> argparse.ArgumentParser:

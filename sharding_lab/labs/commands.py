@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from sharding_lab.labs.registry import LABS, get_lab
-from sharding_lab.labs.runner import run_labs, summarize
+from sharding_lab.labs.runner import run_labs, write_summaries
 
 
 def register(subparsers) -> None:
@@ -59,7 +59,8 @@ def run_list(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     table = Table(title="Labs", show_lines=True)
-    for column in ("id", "title", "claim", "questions"):
+    table.add_column("id", no_wrap=True)  # what `sharding-lab run` takes: never broken across lines
+    for column in ("title", "claim", "questions"):
         table.add_column(column, overflow="fold")
     for lab in labs:
         table.add_row(lab["id"], lab["title"], lab["claim"], "\n".join(lab["questions"]))
@@ -85,8 +86,7 @@ def run_run(args: argparse.Namespace) -> int:
         print(f"sharding-lab run: the engine failed: {error}", file=sys.stderr)
         return 1
     if args.export:
-        args.export.parent.mkdir(parents=True, exist_ok=True)
-        args.export.write_text(json.dumps({run["lab"]: summarize(run) for run in runs}, indent=2) + "\n")
+        write_summaries(runs, args.export)
     if args.json:
         print(json.dumps({"runs": runs} if args.all else runs[0]))
     else:

@@ -131,26 +131,23 @@ def check_persistent_memory_scaling(ms: Measurements) -> Verdict:
     c = Conditions()
     ddp, fsdp = _scaling_points(ms, "ddp"), _scaling_points(ms, "zero3")
     c.require(len(ddp) >= 3 and len(fsdp) >= 3, f"measured at three or more world sizes ({[n for n, _ in fsdp]})")
-    if not (ddp and fsdp):
-        return c.verdict()
-    ddp_base, fsdp_base = ddp[0][1] * ddp[0][0], fsdp[0][1] * fsdp[0][0]  # bytes at N=1 (or scaled)
-    for n, held in ddp[1:]:
-        c.require(held == ddp[0][1], f"DDP at N={n}: {human_bytes(held)} per rank, the same as at N={ddp[0][0]}")
+    full = read.full_model_states_bytes(next(iter(ms.values())))
+    for n, held in ddp:
+        c.require(held == full, f"DDP at N={n}: {human_bytes(held)} per rank, the full {human_bytes(full)}")
     for n, held in fsdp:
         c.require(
-            near(held, fsdp_base / n, FSDP_SHARD_TOLERANCE),
-            f"FSDP at N={n}: {human_bytes(held)} per rank, {held / fsdp_base:.3f} of one rank's full copy (1/{n})",
+            near(held, full / n, FSDP_SHARD_TOLERANCE),
+            f"FSDP at N={n}: {human_bytes(held)} per rank, {held / full:.3f} of the full copy (1/{n})",
         )
-    c.require(ddp_base > 0, "DDP holds model states")
     return c.verdict()
 
 
 def report_persistent_memory_scaling(ms: Measurements) -> Report:
     ddp, fsdp = _scaling_points(ms, "ddp"), _scaling_points(ms, "zero3")
+    full = read.full_model_states_bytes(next(iter(ms.values())))
     ddp_text = ", ".join(f"{human_bytes(b)} at N={n}" for n, b in ddp)
     fsdp_text = ", ".join(f"{human_bytes(b)} at N={n}" for n, b in fsdp)
-    base = fsdp[0][1] * fsdp[0][0]
-    fractions = ", ".join(f"{b / base:.3f}" for _, b in fsdp)
+    fractions = ", ".join(f"{b / full:.3f}" for _, b in fsdp)
     finding = (
         f"Persistent model states per rank: DDP {ddp_text} (flat); FSDP {fsdp_text}, "
         f"i.e. {fractions} of the full copy (1/N)."
@@ -160,12 +157,12 @@ def report_persistent_memory_scaling(ms: Measurements) -> Report:
         for n, held in points:
             m = ms[scaling_key(strategy, n)]
             persistent = max(int(r.get("persistent_bytes") or 0) for r in read.ranks(m))
-            rows.append((strategy, n, held, round(held / base, 4), persistent))
-    keys = [scaling_key(s, n) for s in ("ddp", "zero3") for n, _ in (ddp if s == "ddp" else fsdp)]
+            rows.append((strategy, n, held, round(held / full, 4), persistent))
+    keys = [scaling_key(strategy, n) for strategy, points in (("ddp", ddp), ("zero3", fsdp)) for n, _ in points]
     return Report(
         finding,
-        Table(("strategy", "world size", "model states bytes per rank", "share of full", "persistent bytes"),
-              tuple(rows)),
+        Table(("strategy", "world size", "model states bytes per rank", "share of full",
+               "persistent bytes (tracker)"), tuple(rows)),
         {"model_states": charts.model_states_chart("Persistent model states per rank as ranks are added", ms, keys)},
     )
 
@@ -320,8 +317,9 @@ def report_stage1(ms: Measurements) -> Report:
     finding = (
         f"At N={n}, ZeRO-1 (ZeroRedundancyOptimizer) leaves the ranks "
         f"{_shares_text(read.shares(zero1, 'optimizer'))} of Adam's state "
-        f"({' / '.join(human_bytes(b) for b in read.part_bytes(zero1, 'optimizer'))}; whole tensors assigned greedily, "
-        f"so close to 1/{n} but not exact) while parameters and gradients stay full "
+        f"({' / '.join(human_bytes(b) for b in read.part_bytes(zero1, 'optimizer'))}; whole tensors are assigned "
+        f"greedily, so the split is near 1/{n}{', here exact' if _all_about(zero1, 'optimizer', 1 / n, 0) else ''}) "
+        f"while parameters and gradients stay full "
         f"({_shares_text(read.shares(zero1, 'params'))} and {_shares_text(read.shares(zero1, 'grads'))}); "
         f"DDP holds {human_bytes(read.part_bytes(ddp, 'optimizer')[0])} of optimizer state on every rank."
     )

@@ -7,8 +7,10 @@ configuration share its measurement. The engine is imported only here, lazily.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 
 from sharding_lab.labs.base import Lab, Measurements, Report, RunSpec, Table, Verdict
 from sharding_lab.labs.registry import LABS, get_lab
@@ -136,3 +138,11 @@ def _safe_report(lab: Lab, measurements: Measurements) -> Report:
 def summarize(run: Mapping) -> dict:
     """A run without its bulky parts (measurements, charts): what exports and listings store."""
     return {name: value for name, value in run.items() if name not in BULKY_FIELDS}
+
+
+def write_summaries(runs: Iterable[Mapping], path: Path) -> None:
+    """Write {lab id: summarize(run)} to `path` (exports/lab-results.json), formatted as the Anki
+    export writes it, so a rebuild of the decks leaves the file's layout unchanged."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    summaries = {run["lab"]: summarize(run) for run in runs}
+    path.write_text(json.dumps(summaries, indent=1, sort_keys=True) + "\n", encoding="utf-8")

@@ -1,0 +1,81 @@
+"""`sharding-lab list` and `sharding-lab run` through the CLI: JSON shape, exit status, export."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sharding_lab import cli
+from sharding_lab.catalog import CATALOG
+from sharding_lab.labs import commands
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_list_json_prints_every_lab_once(capsys):
+    assert cli.main(["list", "--json"]) == 0
+    out = capsys.readouterr().out
+    listing = json.loads(out)  # exactly one JSON object
+    assert [lab["id"] for lab in listing["labs"]] == [info.id for info in CATALOG]
+    first = listing["labs"][0]
+    assert set(first) >= {"id", "title", "claim", "questions", "command"}
+    assert first["command"] == f"sharding-lab run {first['id']}"
+
+
+def test_list_as_a_table_names_every_lab(capsys):
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert all(info.id in out for info in CATALOG)
+
+
+@pytest.mark.parametrize("argv", [["run"], ["run", "adam-optimizer-state", "--all"], ["run", "no-such-lab"]])
+def test_run_refuses_a_missing_extra_or_unknown_lab(argv):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code != 0
+
+
+def _fake_run(lab_id: str, holds: bool) -> dict:
+    return {"lab": lab_id, "title": "t", "claim": "c", "holds": holds, "finding": "f 1", "reasons": [],
+            "table": {"columns": ["a"], "rows": [[1]]}, "charts": {"c": "<svg/>"}, "measurements": {"x": {}},
+            "config": {}, "duration_s": 0.0}
+
+
+def test_run_exits_non_zero_when_a_claim_does_not_hold_and_exports_summaries(monkeypatch, tmp_path, capsys):
+    def fake_run_labs(lab_ids, world_size, **_):
+        return [_fake_run(lab_id, holds=lab_id != "communication-volume") for lab_id in lab_ids]
+
+    monkeypatch.setattr(commands, "run_labs", fake_run_labs)
+    export = tmp_path / "exports" / "lab-results.json"
+    assert cli.main(["run", "--all", "--json", "--export", str(export)]) == 1
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert [run["lab"] for run in runs] == [info.id for info in CATALOG]
+    summaries = json.loads(export.read_text())
+    assert sorted(summaries) == sorted(info.id for info in CATALOG)
+    assert all("measurements" not in s and "charts" not in s for s in summaries.values())
+    assert summaries["communication-volume"]["holds"] is False
+
+
+def test_run_exits_zero_when_every_claim_holds(monkeypatch, capsys):
+    monkeypatch.setattr(commands, "run_labs", lambda lab_ids, world_size, **_: [_fake_run(i, True) for i in lab_ids])
+    assert cli.main(["run", "what-fsdp-shards"]) == 0
+    assert "what-fsdp-shards" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_run_one_lab_json_measures_and_holds():
+    result = subprocess.run(
+        [sys.executable, "-m", "sharding_lab.cli", "run", "adam-optimizer-state", "--world-size", "2", "--json"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = json.loads(result.stdout)  # exactly one JSON object on stdout
+    assert run["lab"] == "adam-optimizer-state" and run["holds"] is True
+    assert "2.00x" in run["finding"]
+    assert run["measurements"]["ddp"]["config"]["world_size"] == 2
+    assert {"strategy", "world_size", "backend", "device", "torch_version"} <= set(run["config"])
+    assert run["config"]["world_size"] == 2 and run["config"]["strategy"] == "ddp"
