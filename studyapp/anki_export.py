@@ -108,8 +108,13 @@ def render_lab_result(result: LabResult | None) -> str:
             where.append("world sizes " + ", ".join(str(size) for size in sizes))
         elif config.get("world_size") is not None:
             where.append(f"world size {config['world_size']}")
-        labels = (("backend", "{} backend"), ("torch_version", "torch {}"), ("strategy", "strategy {}"), ("size", "model {}"))
+        labels = (("backend", "{} backend"), ("torch_version", "torch {}"), ("size", "{} model"))
         where += [label.format(config[key]) for key, label in labels if config.get(key) not in (None, "")]
+        strategies = config.get("strategies")
+        if isinstance(strategies, list) and len(strategies) > 1:
+            where.append("strategies " + ", ".join(str(strategy) for strategy in strategies))
+        elif config.get("strategy"):
+            where.append(f"strategy {config['strategy']}")
         if where:
             parts.append(f'<p class="mc-lab-where">Measured on {_text(", ".join(where))}.</p>')
     return "".join(parts)

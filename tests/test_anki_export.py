@@ -285,11 +285,11 @@ def test_lab_result_says_whether_the_claim_held_and_where_it_was_measured():
     failed = {
         "holds": False,
         "finding": "stage 3 moved 3.1x < 2x & more",
-        "config": {"strategy": "zero2, zero3", "world_size": 4, "world_sizes": [2, 4], "device": "cuda", "torch_version": "2.13.0+cu128", "size": "debugmodel"},
+        "config": {"strategy": "zero2, zero3", "strategies": ["zero2", "zero3"], "world_size": 4, "world_sizes": [2, 4], "device": "cuda", "torch_version": "2.13.0+cu128", "size": "debugmodel"},
     }
     assert render_lab_result(failed) == (
         '<p class="mc-lab-finding"><b>The claim did not hold.</b> stage 3 moved 3.1x &lt; 2x &amp; more</p>'
-        '<p class="mc-lab-where">Measured on cuda, world sizes 2, 4, torch 2.13.0+cu128, strategy zero2, zero3, model debugmodel.</p>'
+        '<p class="mc-lab-where">Measured on cuda, world sizes 2, 4, torch 2.13.0+cu128, debugmodel model, strategies zero2, zero3.</p>'
     )
     assert render_lab_result({"finding": "no config"}) == '<p class="mc-lab-finding">no config</p>'
 
