@@ -198,30 +198,62 @@ def _collect(processes, results, counts, labels, stack_dir: Path, timeout_s: flo
         try:
             rank, status, payload = results.get(timeout=0.2)
         except queue.Empty:
-            _raise_if_died(processes, done, results)
-            if time.monotonic() > deadline:
-                _raise_hung(processes, done, counts, labels, stack_dir, timeout_s)
+            rank, status, payload = -1, "waiting", None
+        if status == "ok":
+            done[rank] = payload
             continue
-        if status == "error":
-            raise RankFailed(rank, f"raised an exception:\n{payload}")
-        done[rank] = payload
+        errors = {rank: payload} if status == "error" else {}
+        if errors or _died_silently(processes, done, errors):
+            # Let the other ranks' reports (and a silent death's exit code) arrive before judging.
+            _drain(results, processes, done, errors, grace_s=1.0)
+            raise _root_cause(processes, done, errors)
+        if time.monotonic() > deadline:
+            _raise_hung(processes, done, counts, labels, stack_dir, timeout_s)
     return [done[rank] for rank in range(world_size)]
 
 
-def _raise_if_died(processes, done, results) -> None:
-    for rank, process in enumerate(processes):
-        if rank in done or process.exitcode is None:
-            continue
-        # Its last message may still be in flight: give the queue a moment before blaming the exit.
+def _died_silently(processes, done: dict, errors: dict) -> list[int]:
+    """Ranks whose process ended badly without reporting anything (killed, or exited in C++)."""
+    return [
+        rank
+        for rank, process in enumerate(processes)
+        if rank not in done and rank not in errors and process.exitcode not in (None, 0)
+    ]
+
+
+def _drain(results, processes, done: dict, errors: dict, grace_s: float) -> None:
+    """Collect what the other ranks report for a moment after the first failure."""
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if all(r in done or r in errors or p.exitcode is not None for r, p in enumerate(processes)):
+            break
         try:
-            reported_rank, status, payload = results.get(timeout=1.0)
+            rank, status, payload = results.get(timeout=0.1)
         except queue.Empty:
-            how = f"killed by signal {-process.exitcode}" if process.exitcode < 0 else f"exit code {process.exitcode}"
-            raise RankFailed(rank, f"process died without reporting ({how})") from None
-        if status == "error":
-            raise RankFailed(reported_rank, f"raised an exception:\n{payload}")
-        done[reported_rank] = payload
-        return
+            continue
+        (errors if status == "error" else done)[rank] = payload
+    try:  # whatever is already queued
+        while True:
+            rank, status, payload = results.get_nowait()
+            (errors if status == "error" else done)[rank] = payload
+    except queue.Empty:
+        pass
+
+
+def _root_cause(processes, done: dict, errors: dict) -> RankFailed:
+    """A rank that died without a word caused its peers' errors; otherwise the first error reported."""
+    silent = _died_silently(processes, done, errors)
+    if silent:
+        rank = silent[0]
+        code = processes[rank].exitcode
+        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        reason = f"process died without reporting ({how})"
+        if errors:
+            peer, trace = next(iter(errors.items()))
+            reason += f"; rank {peer} then failed: {trace.strip().splitlines()[-1]}"
+        return RankFailed(rank, reason)
+    rank, trace = next(iter(errors.items()))
+    return RankFailed(rank, f"raised an exception:\n{trace}")
 
 
 def _raise_hung(processes, done, counts, labels, stack_dir: Path, timeout_s: float) -> None:

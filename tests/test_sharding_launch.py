@@ -1,0 +1,117 @@
+"""The launcher: ranks meet over gloo and return results in rank order; a rank that raises, dies or
+hangs ends the whole run with RankFailed naming it, and no process is left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from sharding_lab.launch import RankFailed, run_ranks
+
+pytestmark = pytest.mark.slow
+
+
+def children_of_this_process() -> list[str]:
+    """Command lines of live (non-zombie) processes whose parent is this one, read from /proc.
+
+    Python's multiprocessing resource tracker is left out: one per parent, shared by every launch,
+    it exits with the parent and runs no rank.
+    """
+    me, found = os.getpid(), []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            command = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        state, parent = fields[0], int(fields[1])
+        if parent == me and state != "Z" and "resource_tracker" not in command:
+            found.append(command)
+    return found
+
+
+# Rank functions live at module level: each rank is a fresh process that imports them by name.
+
+
+def sum_of_ranks(ctx, offset):
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(ctx.rank)])
+    dist.all_reduce(t, group=ctx.mesh.get_group())
+    return {"rank": ctx.rank, "world_size": ctx.world_size, "mesh": ctx.mesh.size(), "sum": t.item() + offset,
+            "backend": ctx.backend, "device": str(ctx.device)}
+
+
+def crash_in_rank_1(ctx):
+    import torch
+    import torch.distributed as dist
+
+    ctx.mark("before the collective")
+    if ctx.rank == 1:
+        raise RuntimeError("injected crash")
+    dist.all_reduce(torch.ones(1))  # rank 0 waits here for a peer that will never come
+    return ctx.rank
+
+
+def hang_in_rank_1(ctx):
+    import torch
+    import torch.distributed as dist
+
+    if ctx.rank == 1:
+        time.sleep(3600)  # hung before it ever reaches the collective
+    ctx.mark("waiting in all_reduce")
+    dist.all_reduce(torch.ones(1))
+    return ctx.rank
+
+
+def killed_in_rank_1(ctx):
+    import torch
+    import torch.distributed as dist
+
+    if ctx.rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(torch.ones(1))
+    return ctx.rank
+
+
+def test_each_rank_runs_the_function_and_results_come_back_in_rank_order():
+    results = run_ranks(sum_of_ranks, 2, 10.0, timeout_s=120)
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["world_size"] == r["mesh"] == 2 for r in results)
+    assert [r["sum"] for r in results] == [11.0, 11.0]  # 0 + 1, through a real all-reduce
+    assert {(r["backend"], r["device"]) for r in results} == {("gloo", "cpu")}
+    assert children_of_this_process() == []
+
+
+def test_a_crash_in_rank_1_ends_the_run_naming_rank_1():
+    started = time.monotonic()
+    with pytest.raises(RankFailed) as failure:
+        run_ranks(crash_in_rank_1, 2, timeout_s=120)
+    assert failure.value.rank == 1
+    assert "injected crash" in failure.value.reason and "Traceback" in failure.value.reason
+    assert time.monotonic() - started < 60  # not the timeout: the error ended it
+    assert children_of_this_process() == []
+
+
+def test_a_hang_in_rank_1_ends_the_run_at_the_timeout_naming_rank_1():
+    started = time.monotonic()
+    with pytest.raises(RankFailed) as failure:
+        run_ranks(hang_in_rank_1, 2, timeout_s=10)
+    assert failure.value.rank == 1
+    assert "hung" in failure.value.reason
+    assert "time.sleep" in failure.value.reason or "hang_in_rank_1" in failure.value.reason  # its stack
+    assert time.monotonic() - started < 10 + 15
+    assert children_of_this_process() == []
+
+
+def test_a_rank_killed_by_a_signal_is_named():
+    with pytest.raises(RankFailed) as failure:
+        run_ranks(killed_in_rank_1, 2, timeout_s=120)
+    assert failure.value.rank == 1
+    assert "signal 9" in failure.value.reason
+    assert children_of_this_process() == []
