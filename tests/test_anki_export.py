@@ -196,6 +196,9 @@ def test_editing_one_question_updates_exactly_that_note(tmp_path, collection):
     export_anki(load_bank(write_bank(tmp_path / "bank")), tmp_path / "out", {}, T0)
     import_package(collection, tmp_path / "out" / ALL_DECKS_FILE)
     ids_before = dict(collection.db.all("SELECT guid, id FROM notes"))
+    # The learner has studied the card: a review card, due in 10 days.
+    collection.db.execute("UPDATE cards SET type = 2, queue = 2, ivl = 10, due = 100, reps = 3")
+    cards_before = collection.db.all("SELECT id, nid, did, type, queue, ivl, due, reps FROM cards ORDER BY id")
 
     write_bank(tmp_path / "bank", edits={"zero-q1": "ZeRO question 1, reworded?"})
     now = T0 + 3600
@@ -212,6 +215,7 @@ def test_editing_one_question_updates_exactly_that_note(tmp_path, collection):
     assert len(notes) == 5  # no duplicate note
     assert notes[guid("zero-q1")]["fields"]["Question"] == "ZeRO question 1, reworded?"
     assert dict(collection.db.all("SELECT guid, id FROM notes")) == ids_before  # same notes, updated in place
+    assert collection.db.all("SELECT id, nid, did, type, queue, ivl, due, reps FROM cards ORDER BY id") == cards_before
 
     # Importing the same package again is a no-op; so is an older package.
     log = import_package(collection, tmp_path / "out" / "zero.apkg")
