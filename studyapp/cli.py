@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 from flask import Flask, current_app
 from flask.cli import AppGroup, FlaskGroup, with_appcontext
+from werkzeug.serving import run_simple
 
 from sharding_lab.catalog import lab_info
 from studyapp.anki_export import export_anki_command
@@ -35,7 +36,8 @@ def serve_command(host: str | None, port: int | None) -> None:
     """Sync the bank into the database, then serve the app."""
     app = current_app._get_current_object()
     click.echo(f"bank synced: {sync_configured_bank(app).summary()}")
-    app.run(host=host or app.config["HOST"], port=port or app.config["PORT"], threaded=True, use_reloader=False)
+    # Flask's app.run() refuses to run inside a `flask`-style CLI command: serve with werkzeug directly.
+    run_simple(host or app.config["HOST"], port or app.config["PORT"], app, threaded=True)
 
 
 bank_group = AppGroup("bank", help="The question bank in bank/.")
