@@ -16,7 +16,7 @@ import pytest
 
 from sharding_lab.labs import LABS, evaluate, measure_specs
 from sharding_lab.labs import readings as read
-from sharding_lab.labs.comm_labs import PREFETCH_ON
+from sharding_lab.labs.comm_labs import PREFETCH_OFF, PREFETCH_ON
 from sharding_lab.labs.memory_labs import RESHARD_OFF, RESHARD_ON, scaling_key
 
 pytestmark = pytest.mark.slow
@@ -179,3 +179,13 @@ def test_check_fails_on_doctored_measurements(measured, lab_id):
 def test_doctoring_does_not_leak_into_the_shared_measurements(measured):
     zero3 = other(measured, "zero3")
     assert read.part_bytes(zero3, "optimizer") == [read.full_bytes(zero3, "optimizer") // WORLD_SIZE] * WORLD_SIZE
+
+
+def test_prefetch_finding_reports_the_profilers_overlap_when_the_run_has_one(measured):
+    # CUDA runs carry the profiler's overlap; CPU runs do not, and the finding says why order is the evidence.
+    measurements = copy.deepcopy(lab_measurements(measured, "prefetch-overlap"))
+    assert "order is the evidence" in LABS["prefetch-overlap"].report(measurements).finding
+    for key, fraction in ((PREFETCH_ON, 0.75), (PREFETCH_OFF, 0.05)):
+        measurements[key]["overlap"] = {"overlapped_fraction_of_comm": fraction}
+    finding = LABS["prefetch-overlap"].report(measurements).finding
+    assert "75.0% of NCCL kernel time overlap compute with prefetching and 5.0% without" in finding

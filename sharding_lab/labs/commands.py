@@ -38,6 +38,8 @@ def register(subparsers) -> None:
     run_parser.add_argument("--all", action="store_true", help="run every lab, sharing launches")
     run_parser.add_argument("--world-size", type=int, default=2, help="ranks N (default 2)")
     run_parser.add_argument("--size", default="tiny", help="model size (default tiny)")
+    run_parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                            help="cpu (gloo, default) or cuda (NCCL, one GPU per rank)")
     run_parser.add_argument("--json", action="store_true", help="print one JSON object")
     run_parser.add_argument(
         "--export", type=Path, metavar="PATH",
@@ -81,7 +83,7 @@ def run_run(args: argparse.Namespace) -> int:
         raise SystemExit(f"sharding-lab run: {error.args[0]}") from None
 
     try:
-        runs = _run_with_progress(lab_ids, args.world_size, args.size)
+        runs = _run_with_progress(lab_ids, args.world_size, args.size, args.device)
     except Exception as error:  # the engine failed: a rank crashed or hung
         print(f"sharding-lab run: the engine failed: {error}", file=sys.stderr)
         return 1
@@ -94,19 +96,19 @@ def run_run(args: argparse.Namespace) -> int:
     return 0 if all(run["holds"] for run in runs) else 1
 
 
-def _run_with_progress(lab_ids: list[str], world_size: int, size: str) -> list[dict]:
+def _run_with_progress(lab_ids: list[str], world_size: int, size: str, device: str) -> list[dict]:
     if not sys.stderr.isatty():
-        return run_labs(lab_ids, world_size, size=size)
+        return run_labs(lab_ids, world_size, size=size, device=device)
     from rich.console import Console
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, log_path=False)
     with console.status("starting") as status:
 
         def on_progress(message: str) -> None:
             console.log(message)
             status.update(message)
 
-        return run_labs(lab_ids, world_size, size=size, on_progress=on_progress)
+        return run_labs(lab_ids, world_size, size=size, device=device, on_progress=on_progress)
 
 
 def _print_runs(runs: list[dict]) -> None:
@@ -118,9 +120,9 @@ def _print_runs(runs: list[dict]) -> None:
     for run in runs:
         verdict = "[green]holds[/green]" if run["holds"] else "[bold red]does NOT hold[/bold red]"
         console.rule(f"{run['lab']}: {run['title']}")
-        console.print(f"[bold]Claim[/bold] {escape(run['claim'])}")
+        console.print(f"[bold]Claim[/bold] {escape(run['claim'])}", highlight=False)
         console.print(f"[bold]Verdict[/bold] {verdict}  ({run['duration_s']:.1f} s)")
-        console.print(f"[bold]Finding[/bold] {escape(run['finding'])}")
+        console.print(f"[bold]Finding[/bold] {escape(run['finding'])}", highlight=False)
         table = Table(show_header=True)
         for column in run["table"]["columns"]:
             table.add_column(str(column), overflow="fold")

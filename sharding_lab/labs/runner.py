@@ -22,9 +22,11 @@ Progress = Callable[[str], None]
 BULKY_FIELDS = ("measurements", "charts")
 
 
-def run_lab(lab_id: str, world_size: int = 2, *, size: str = "tiny", on_progress: Progress | None = None) -> dict:
+def run_lab(
+    lab_id: str, world_size: int = 2, *, size: str = "tiny", device: str = "cpu", on_progress: Progress | None = None
+) -> dict:
     """Measure, check and report one lab; the run JSON (see `evaluate`)."""
-    return run_labs([lab_id], world_size, size=size, on_progress=on_progress)[0]
+    return run_labs([lab_id], world_size, size=size, device=device, on_progress=on_progress)[0]
 
 
 def run_labs(
@@ -32,12 +34,14 @@ def run_labs(
     world_size: int = 2,
     *,
     size: str = "tiny",
+    device: str = "cpu",
     on_progress: Progress | None = None,
 ) -> list[dict]:
     """Run several labs (all by default) with one launch per world size; their run JSONs in order."""
     labs = [get_lab(lab_id) for lab_id in (LABS if lab_ids is None else lab_ids)]
     specs = {lab.id: lab.runs(world_size) for lab in labs}
-    measured, seconds = measure_specs([s for lab_specs in specs.values() for s in lab_specs], size, on_progress)
+    all_specs = [spec for lab_specs in specs.values() for spec in lab_specs]
+    measured, seconds = measure_specs(all_specs, size, device=device, on_progress=on_progress)
     runs = []
     for lab in labs:
         measurements = {spec.key: measured[spec.engine_config] for spec in specs[lab.id]}
@@ -50,9 +54,10 @@ def run_labs(
 
 
 def measure_specs(
-    specs: Sequence[RunSpec], size: str = "tiny", on_progress: Progress | None = None
+    specs: Sequence[RunSpec], size: str = "tiny", *, device: str = "cpu", on_progress: Progress | None = None
 ) -> tuple[dict[EngineConfig, dict], dict[int, float]]:
-    """Measure each distinct configuration once, one launch per world size.
+    """Measure each distinct configuration once, one launch per world size, on `device` (cpu: gloo,
+    cuda: NCCL with one GPU per rank).
 
     Returns the measurements keyed by `RunSpec.engine_config` and each launch's wall seconds.
     """
@@ -69,7 +74,7 @@ def measure_specs(
             on_progress(f"launching {world_size} rank{'s' if world_size > 1 else ''}: {names}")
         started = time.perf_counter()
         configs = [{"strategy": spec.strategy, "size": size, **dict(spec.options)} for spec in distinct.values()]
-        results = measure_many(configs, world_size)
+        results = measure_many(configs, world_size, device=device)
         seconds[world_size] = time.perf_counter() - started
         measured.update(zip(distinct, results, strict=True))
     return measured, seconds
@@ -83,8 +88,16 @@ def _describe(spec: RunSpec) -> str:
 def evaluate(
     lab: Lab, world_size: int, specs: Sequence[RunSpec], measurements: Measurements, launch_seconds: float = 0.0
 ) -> dict:
-    """The run JSON: the lab's identity and claim, whether it held, the finding with its numbers, the
-    table and charts, every measurement and the configuration they came from."""
+    """The run JSON of one lab (what `sharding-lab run LAB --json` prints):
+
+    lab, title, claim, questions: the catalogue entry; holds: whether every condition of the check
+    held; reasons: each condition with its numbers ("NOT ..." when it failed); finding: what was
+    measured, in a sentence or two with the numbers; table: {"columns", "rows"} the finding rests on;
+    charts: {name: SVG}; measurements: {run key: the engine's measurement}; config: strategy (and
+    strategies), world_size (and world_sizes), each run's options, size, backend, device,
+    torch_version; duration_s: seconds of the launches it used (shared with other labs under
+    --all) plus its check and report.
+    """
     started = time.perf_counter()
     verdict = _safe_check(lab, measurements)
     report = _safe_report(lab, measurements)
