@@ -10,6 +10,7 @@ from pathlib import Path
 import genanki
 import pytest
 import yaml
+from anki import import_export_pb2
 from anki.collection import Collection, ImportAnkiPackageOptions, ImportAnkiPackageRequest
 
 from studyapp import anki_note_type
@@ -87,9 +88,13 @@ def collection(tmp_path):
     col.close()
 
 
+IF_NEWER = import_export_pb2.ImportAnkiPackageUpdateCondition.IMPORT_ANKI_PACKAGE_UPDATE_CONDITION_IF_NEWER
+
+
 def import_package(col: Collection, path: Path) -> dict[str, list[str]]:
-    """Import like Anki's dialog does by default (update a note when the incoming one is newer)."""
-    response = col.import_anki_package(ImportAnkiPackageRequest(package_path=str(path), options=ImportAnkiPackageOptions()))
+    """Import as Anki's import dialog does by default: update notes and note types only when newer."""
+    options = ImportAnkiPackageOptions(update_notes=IF_NEWER, update_notetypes=IF_NEWER, with_scheduling=False)
+    response = col.import_anki_package(ImportAnkiPackageRequest(package_path=str(path), options=options))
     log = response.log
     guid_of = dict(col.db.all("SELECT id, guid FROM notes"))
     kinds = ("new", "updated", "duplicate", "conflicting", "first_field_match", "missing_notetype", "missing_deck")
