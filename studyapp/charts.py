@@ -8,7 +8,7 @@ from markupsafe import Markup, escape
 
 
 def bar_chart(
-    points: Sequence[tuple[str, float]],
+    points: Sequence[tuple[str, float | None]],
     *,
     title: str,
     value_label: Callable[[float], str] = lambda v: f"{v:g}",
@@ -17,10 +17,11 @@ def bar_chart(
     height: int = 220,
     label_every: int = 5,
 ) -> Markup:
-    """An SVG bar chart of (label, value) points; each bar carries a tooltip with its value."""
+    """An SVG bar chart of (label, value) points; each bar carries a tooltip with its value.
+    A None value (nothing to measure that day) draws no bar."""
     left, right, top, bottom = 40, 10, 28, 36
     plot_w, plot_h = width - left - right, height - top - bottom
-    top_value = max_value if max_value is not None else max((v for _, v in points), default=0)
+    top_value = max_value if max_value is not None else max((v for _, v in points if v is not None), default=0)
     top_value = top_value or 1
     slot = plot_w / max(len(points), 1)
     parts = [
@@ -33,13 +34,13 @@ def bar_chart(
         f'<text x="{left - 6}" y="{top + plot_h}" class="tick" text-anchor="end">0</text>',
     ]
     for i, (label, value) in enumerate(points):
-        bar_h = plot_h * max(value, 0) / top_value
         x = left + i * slot + slot * 0.1
-        y = top + plot_h - bar_h
-        parts.append(
-            f'<rect x="{x:.1f}" y="{y:.1f}" width="{slot * 0.8:.1f}" height="{bar_h:.1f}" class="bar">'
-            f"<title>{escape(label)}: {escape(value_label(value))}</title></rect>"
-        )
+        if value is not None:
+            bar_h = plot_h * max(value, 0) / top_value
+            parts.append(
+                f'<rect x="{x:.1f}" y="{top + plot_h - bar_h:.1f}" width="{slot * 0.8:.1f}" height="{bar_h:.1f}" class="bar">'
+                f"<title>{escape(label)}: {escape(value_label(value))}</title></rect>"
+            )
         if i % label_every == 0:
             parts.append(
                 f'<text x="{x + slot * 0.4:.1f}" y="{top + plot_h + 16}" class="tick" text-anchor="middle">{escape(label)}</text>'

@@ -83,15 +83,16 @@ def test_the_stats_page_draws_three_svg_charts(client, app, clock):
     review(app, "beta-adam", clock.now)
     page = client.get("/stats").get_data(as_text=True)
     assert page.count("<svg") == 3
+    assert page.count(": 100%</title>") == 1 and ": 0%</title>" not in page  # days without reviews: no bar
     assert "Reviews per day" in page and "Accuracy per day" in page and "Cards due, next 30 days" in page
     assert "2 reviews in the last 30 days, 100% answered right" in html.unescape(page)
     assert "Mar 03: 2</title>" in page  # both cards due tomorrow in the forecast
 
 
 def test_bar_chart_escapes_its_labels():
-    svg = bar_chart([("<b>x</b>", 3), ("y", 1)], title="A & B")
+    svg = bar_chart([("<b>x</b>", 3), ("y", 1), ("z", None)], title="A & B")
     assert "<b>" not in svg and "&lt;b&gt;x&lt;/b&gt;" in svg and "A &amp; B" in svg
-    assert svg.count("<rect") == 2
+    assert svg.count("<rect") == 2  # no bar where there is nothing to measure
 
 
 def test_bank_text_is_escaped_everywhere(client, app, bank_dir, csrf_token):

@@ -56,7 +56,7 @@ def index():
     charts = {
         "reviews": bar_chart([(d.strftime("%b %d"), n) for d, n, _ in history], title="Reviews per day (last 30 days)"),
         "accuracy": bar_chart(
-            [(d.strftime("%b %d"), 100 * right / n if n else 0) for d, n, right in history],
+            [(d.strftime("%b %d"), 100 * right / n if n else None) for d, n, right in history],
             title="Accuracy per day, % answered right",
             value_label=lambda v: f"{v:.0f}%",
             max_value=100,
