@@ -22,6 +22,8 @@ DEFAULTS: dict[str, Any] = {
     "BANK_PATH": str(REPO_ROOT / "bank"),
     "EXPORTS_DIR": str(REPO_ROOT / "exports"),
     "HOST": "127.0.0.1",  # never listen on other interfaces unless asked
+    "MAX_CONTENT_LENGTH": 1024 * 1024,  # every form here is tiny; refuse huge bodies with a 413
+    "SESSION_COOKIE_SAMESITE": "Lax",  # a second line against cross-site POSTs, after the CSRF token
     "PORT": 5000,
     # The clock the views use: tests pass a fixed one to step through study days.
     "CLOCK": lambda: datetime.now(timezone.utc),

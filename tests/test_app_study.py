@@ -253,3 +253,14 @@ def test_a_card_not_due_is_refused(client, app, csrf_token, clock):
     response = submit(client, csrf_token, fresh, c.answer, 5)
     assert response.status_code == 400 and "is not due until" in text(response)
     assert len(logs(app)) == 1
+
+
+def test_an_oversized_body_is_refused_with_a_413(client, app, csrf_token):
+    response = client.post("/study/answer", data={"csrf_token": csrf_token, "card_id": "1", "version": "0",
+                                                   "choice": "0", "padding": "x" * (2 * 1024 * 1024)})
+    assert response.status_code == 413
+    assert logs(app) == []
+
+
+def test_a_get_on_a_post_endpoint_is_a_405(client):
+    assert client.get("/study/grade").status_code == 405
