@@ -10,6 +10,7 @@ from studyapp.db import get_session
 from studyapp.models import Card, Deck, ReviewLog
 from studyapp.views import clock
 from studyapp.views.exports import available_exports
+from studyapp.views.forms import known_slug
 
 bp = Blueprint("decks", __name__)
 
@@ -17,7 +18,7 @@ bp = Blueprint("decks", __name__)
 @bp.get("/decks/<deck_id>")
 def deck(deck_id: str):
     session = get_session()
-    found = session.get(Deck, deck_id)
+    found = session.get(Deck, known_slug(deck_id, "deck"))
     if found is None:
         abort(404, description=f"There is no deck '{deck_id[:60]}'.")
     cards = session.exec(select(Card).where(Card.deck_id == deck_id).order_by(Card.retired, Card.position)).all()
@@ -34,7 +35,7 @@ def deck(deck_id: str):
 @bp.get("/questions/<question_id>")
 def question(question_id: str):
     session = get_session()
-    card = session.exec(select(Card).where(Card.question_id == question_id)).first()
+    card = session.exec(select(Card).where(Card.question_id == known_slug(question_id, "question"))).first()
     if card is None:
         abort(404, description=f"There is no question '{question_id[:60]}'.")
     history = session.exec(select(ReviewLog).where(ReviewLog.card_id == card.id).order_by(ReviewLog.id.desc())).all()

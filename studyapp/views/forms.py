@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from flask import abort, request
 
+from studyapp.bank import SLUG
+
 MAX_ID = 2**31 - 1  # fits every database's INTEGER column
 
 
@@ -18,3 +20,11 @@ def form_int(name: str, minimum: int = 0, maximum: int = MAX_ID) -> int:
     if not minimum <= value <= maximum:
         abort(400, description=f"The form field '{name}' must be from {minimum} to {maximum}, got {value}.")
     return value
+
+
+def known_slug(raw: str, what: str) -> str:
+    """A deck or question id from a URL or form; anything that is not a slug cannot exist (404),
+    and is never sent to the database (PostgreSQL refuses NUL bytes with an error, not a miss)."""
+    if len(raw) > 200 or not SLUG.match(raw) or not raw.isascii():
+        abort(404, description=f"There is no {what} '{raw[:60]}'.")
+    return raw

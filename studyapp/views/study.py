@@ -19,7 +19,7 @@ from studyapp.study import (
     undo_last,
 )
 from studyapp.views import clock
-from studyapp.views.forms import form_int
+from studyapp.views.forms import form_int, known_slug
 
 bp = Blueprint("study", __name__, url_prefix="/study")
 
@@ -28,7 +28,7 @@ def _deck_filter(raw: str | None) -> Deck | None:
     """The deck a session is limited to (`?deck=` or the form's `deck`), or None for all decks."""
     if not raw:
         return None
-    deck = get_session().get(Deck, raw)
+    deck = get_session().get(Deck, known_slug(raw, "deck"))
     if deck is None or deck.retired:
         abort(404, description=f"There is no deck '{raw[:60]}'.")
     return deck
