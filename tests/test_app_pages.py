@@ -150,7 +150,7 @@ def test_anything_but_an_existing_export_by_exact_name_is_refused(client, export
 
 
 @pytest.mark.parametrize("url", ["/decks/a%00b", "/questions/x%00", "/study?deck=al%00pha", "/decks/" + "a" * 300,
-                                 "/questions/ALPHA-SHARDS", "/labs/%00", "/study?card=%00"])
+                                 "/questions/ALPHA-SHARDS", "/labs/%00", "/study?card=%00", "/study?card=%C2%B2"])
 def test_odd_ids_in_urls_are_a_clean_404_or_ignored(client, url):
     response = client.get(url)
     assert response.status_code in (200, 404)

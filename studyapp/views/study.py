@@ -40,7 +40,7 @@ def _study_url(deck: Deck | None, card_id: int | None = None) -> str:
 
 def _requested_card(raw: str | None) -> Card | None:
     """`?card=ID` (after an undo) shows that card again, if it is up today."""
-    if not raw or not raw.isdigit() or len(raw) > 12:
+    if not raw or not raw.isascii() or not raw.isdigit() or len(raw) > 12:
         return None
     card = get_session().get(Card, int(raw))
     return card if card is not None and is_up_today(card, clock.today()) else None
