@@ -189,3 +189,18 @@ def test_prefetch_finding_reports_the_profilers_overlap_when_the_run_has_one(mea
         measurements[key]["overlap"] = {"overlapped_fraction_of_comm": fraction}
     finding = LABS["prefetch-overlap"].report(measurements).finding
     assert "75.0% of NCCL kernel time overlap compute with prefetching and 5.0% without" in finding
+
+
+# Labs whose checks account for FSDP's padding; at 3 ranks the tiny model's 32-row dims are padded.
+PADDED_LABS = ("what-fsdp-shards", "fsdp-is-zero3", "allgather-before-layer", "reduce-scatter-backward")
+
+
+def test_labs_hold_at_three_ranks_where_fsdp_pads_uneven_dims():
+    specs = {lab_id: LABS[lab_id].runs(3) for lab_id in PADDED_LABS}
+    measured, _ = measure_specs([spec for lab_specs in specs.values() for spec in lab_specs])
+    zero3 = measured[("zero3", 3, ())]
+    assert read.padded_num_params(zero3) > read.num_params(zero3), "the premise: something is padded"
+    for lab_id, lab_specs in specs.items():
+        measurements = {spec.key: measured[spec.engine_config] for spec in lab_specs}
+        verdict = LABS[lab_id].check(measurements)
+        assert verdict.holds, f"{lab_id}:\n" + "\n".join(verdict.reasons)

@@ -66,11 +66,8 @@ def check_allgather_before_layer(ms: Measurements) -> Verdict:
     sizes = {e.bytes for i in blocks for e in gathers.get(i, [])}
     c.require(len(sizes) == 1, f"every block gathers the same full bytes ({sorted(sizes)})")
     forward_total = sum(int(x["bytes"]) for x in read.collectives(m, op="all_gather", phase="forward"))
-    full = read.full_bytes(m, "params")
-    c.require(
-        near(forward_total, full, VOLUME_TOLERANCE) and forward_total >= full,
-        f"forward all-gathers add up to the full parameters ({forward_total:,} of {full:,} B)",
-    )
+    full = read.padded_full_bytes(m, "params")  # an all-gather moves FSDP's padding too
+    c.require(forward_total == full, f"forward all-gathers add up to the full parameters ({forward_total:,} of {full:,} B)")
     return c.verdict()
 
 
@@ -80,12 +77,13 @@ def report_allgather_before_layer(ms: Measurements) -> Report:
     gathers = read.block_collectives(events, "all_gather", "forward")
     root, block = read.root_and_block_bytes(m)
     n = read.world_size(m)
-    full = read.full_bytes(m, "params")
+    full, padded = read.full_bytes(m, "params"), read.padded_full_bytes(m, "params")
+    padding = f" ({human_bytes(padded)} with FSDP's padding)" if padded > full else ""
     finding = (
         f"In forward, each of the {read.n_blocks(m)} blocks was preceded by one all-gather of {human_bytes(block)} "
         f"({block:,} B, its full fp32 parameters; each rank contributed {human_bytes(block // n)}), issued right "
         f"before the block started; with the root's {human_bytes(root)} they add up to the model's "
-        f"{human_bytes(full)}. (Prefetching off here; with it, each gather moves one block earlier.)"
+        f"{human_bytes(full)}{padding}. (Prefetching off here; with it, each gather moves one block earlier.)"
     )
     rows = []
     for i in range(read.n_blocks(m)):
@@ -206,11 +204,10 @@ def check_reduce_scatter_backward(ms: Measurements) -> Verdict:
     ]
     c.require(all(same_size), f"each reduce-scatter takes the block's full gradient bytes ({same_size})")
     total = sum(int(x["bytes"]) for x in read.collectives(m, op="reduce_scatter"))
-    full = read.full_bytes(m, "grads")
-    c.require(near(total, full, VOLUME_TOLERANCE) and total >= full,
-              f"reduce-scatters cover every gradient ({total:,} of {full:,} B)")
+    full = read.padded_full_bytes(m, "grads")
+    c.require(total == full, f"reduce-scatters cover every gradient ({total:,} of {full:,} B)")
     c.require(
-        all(near(s, 1 / n, 0.05) for s in read.shares(m, "grads")),
+        read.sharded(m, "grads"),
         f"each rank keeps 1/{n} of the gradients ({' / '.join(percent(s) for s in read.shares(m, 'grads'))})",
     )
     return c.verdict()

@@ -51,6 +51,31 @@ def full_bytes(m: dict, part: str) -> int:
     return FP32_ADAM_BYTES[part] * num_params(m)
 
 
+def padded_num_params(m: dict) -> int:
+    """Ψ after FSDP pads each parameter's dim 0 to a multiple of N (Ψ itself when nothing is padded)."""
+    return int(m["config"].get("padded_num_params") or num_params(m))
+
+
+def padded_full_bytes(m: dict, part: str) -> int:
+    """Bytes of one part for the whole model including FSDP's padding: what an all-gather moves."""
+    return FP32_ADAM_BYTES[part] * padded_num_params(m)
+
+
+def padded_part_bytes(m: dict, part: str) -> list[int]:
+    """Each rank's bytes of `part` plus the padding its shard is short of (FSDP's last ranks)."""
+    per_element = FP32_ADAM_BYTES[part]
+    return [
+        int(rank[_PART_FIELDS[part]]) + per_element * int(rank.get("padding_elements") or 0) for rank in ranks(m)
+    ]
+
+
+def sharded(m: dict, part: str) -> bool:
+    """Whether the ranks split `part` with nothing replicated: their bytes add up to one full copy and
+    none holds more than 1/N of the padded model (FSDP pads dims that N does not divide)."""
+    held = part_bytes(m, part)
+    return sum(held) == full_bytes(m, part) and max(held) <= padded_full_bytes(m, part) // world_size(m)
+
+
 def full_model_states_bytes(m: dict) -> int:
     return sum(full_bytes(m, part) for part in PARTS)
 
