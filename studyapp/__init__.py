@@ -1,4 +1,9 @@
-"""The study app: `create_app()` builds it; each module's `init_app` wires its own part."""
+"""The study app: `create_app()` builds it; each module's `init_app` wires its own part.
+
+Settings (defaults in DEFAULTS; override in instance/config.py or the test config):
+DATABASE_URL (or the STUDYAPP_DATABASE_URL environment variable), NEW_CARDS_PER_DAY,
+REVIEWS_PER_DAY, DAY_START_HOUR, TIMEZONE, BANK_PATH, EXPORTS_DIR, HOST, PORT, CLOCK.
+"""
 
 from __future__ import annotations
 

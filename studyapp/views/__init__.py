@@ -1,4 +1,19 @@
-"""The web pages, one blueprint per area; `init_app` registers them and the error pages."""
+"""The web pages, one blueprint per area; `init_app` registers them and the error pages.
+
+    /                           home.index        decks with due/new/learned counts, Anki downloads
+    /study[?deck=ID]            study.show        the next card (or "done for today")
+    /study/answer     POST      study.answer      the answer view: verdict, reasons, lab, grade buttons
+    /study/grade      POST      study.submit_grade
+    /study/undo       POST      study.undo
+    /decks/<deck_id>            decks.deck        the deck's cards, each linking to its question and lab
+    /questions/<question_id>    decks.question    one card: answer, reasons, lab, schedule, history
+    /labs, /labs/<lab_id>       labs.index, labs.lab_page
+    /stats                      stats.index       SVG charts: reviews, accuracy, due forecast
+    /exports/<name>.apkg        exports.download  built Anki decks, by exact name only
+
+Every POST needs the CSRF token (studyapp.csrf). Client errors render error.html, or JSON
+`{"error": ..., "status": ...}` for JSON requests.
+"""
 
 from __future__ import annotations
 
