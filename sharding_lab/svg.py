@@ -24,6 +24,11 @@ def human_bytes(value: float) -> str:
     raise AssertionError("unreachable")
 
 
+def _text_width(content: str, size: int = 12) -> int:
+    """A generous estimate of rendered width: sans-serif glyphs average about 0.6 em."""
+    return int(len(content) * size * 0.6) + 1
+
+
 def _text(x: float, y: float, content: str, *, size: int = 12, anchor: str = "start", extra: str = "") -> str:
     return (
         f"<text x='{x:.1f}' y='{y:.1f}' font-size='{size}' text-anchor='{anchor}' {FONT} {extra}>"
@@ -61,9 +66,12 @@ def stacked_bar_chart(
     colours: dict[str, str] | None = None,
     format_value: Callable[[float], str] = human_bytes,
 ) -> str:
-    """Horizontal bars, one per `bars` entry, each split into `categories` (in that order) with a legend."""
+    """Horizontal bars, one per `bars` entry, each split into `categories` (in that order) with a legend
+    of the categories that occur."""
+    categories = [c for c in categories if any(bar.parts.get(c, 0) > 0 for bar in bars)] or list(categories)
     colour = _colours(categories, colours)
-    label_width, plot_width, bar_height, gap = 150, 440, 22, 10
+    label_width = max(90, _text_width(max((bar.label for bar in bars), key=len, default="")) + 16)
+    plot_width, bar_height, gap = 440, 22, 10
     total_width = label_width + plot_width + 110
     top = 34
     legend_top = top + len(bars) * (bar_height + gap) + 8
@@ -136,7 +144,8 @@ def timeline_chart(title: str, timeline: Timeline, *, colours: dict[str, str] | 
     """
     kinds = sorted({s.kind for s in timeline.spans} | {m.kind for m in timeline.markers})
     colour = _colours(kinds, colours)
-    label_width, lane_height, top = 120, 22, 48
+    label_width = max(80, _text_width(max(timeline.lanes, key=len, default=""), 11) + 14)
+    lane_height, top = 22, 48
     step = max(6.0, min(18.0, 620 / max(timeline.length, 1)))
     width = label_width + step * max(timeline.length, 1) + 20
     plot_bottom = top + lane_height * len(timeline.lanes)

@@ -48,14 +48,15 @@ def memory_categories_chart(title: str, measurements: Measurements, keys: Sequen
     return svg.stacked_bar_chart(title, bars, names, colours=MEMORY_COLOURS)
 
 
-def bytes_by_op_chart(title: str, measurements: Measurements, keys: Sequence[str]) -> str:
-    """Logical bytes per step of each collective, a stacked bar per run."""
+def volume_by_op_chart(title: str, measurements: Measurements, keys: Sequence[str]) -> str:
+    """Bytes moved per step by each collective in the ZeRO paper's accounting (an all-reduce counts
+    twice: a reduce-scatter plus an all-gather), a stacked bar per run."""
     ops = ["all_reduce", "broadcast", "all_gather", "reduce_scatter"]
     bars = []
     for key in keys:
         totals = read.totals_by_op(measurements[key])
         ops += [op for op in totals if op not in ops]
-        bars.append(svg.Bar(key, {op: entry["bytes"] for op, entry in totals.items()}))
+        bars.append(svg.Bar(key, {op: read.paper_units(op) * entry["bytes"] for op, entry in totals.items()}))
     return svg.stacked_bar_chart(title, bars, ops, colours=OP_COLOURS)
 
 
