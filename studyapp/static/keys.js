@@ -12,6 +12,8 @@
   }
 
   document.addEventListener("submit", function () { submitted = true; });
+  // Back/forward restores the page from cache with its old state: make its keys live again.
+  window.addEventListener("pageshow", function () { submitted = false; });
 
   document.addEventListener("keydown", function (event) {
     if (event.ctrlKey || event.metaKey || event.altKey || typingIn(event.target)) return;
