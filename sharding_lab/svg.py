@@ -11,7 +11,16 @@ from dataclasses import dataclass, field
 from html import escape
 
 # Colour-blind-safe (Okabe-Ito) colours, reused in order for categories without a fixed colour.
-PALETTE: tuple[str, ...] = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#999999")
+PALETTE: tuple[str, ...] = (
+    "#0072B2",
+    "#E69F00",
+    "#009E73",
+    "#CC79A7",
+    "#56B4E9",
+    "#D55E00",
+    "#F0E442",
+    "#999999",
+)
 FONT = "font-family='system-ui, sans-serif'"
 
 

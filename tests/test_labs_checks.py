@@ -17,7 +17,8 @@ import pytest
 from sharding_lab.labs import LABS, evaluate, measure_specs
 from sharding_lab.labs import readings as read
 from sharding_lab.labs.comm_labs import PREFETCH_OFF, PREFETCH_ON
-from sharding_lab.labs.memory_labs import RESHARD_OFF, RESHARD_ON, scaling_key
+from sharding_lab.labs.gathering_labs import RESHARD_OFF, RESHARD_ON
+from sharding_lab.labs.model_state_labs import scaling_key
 
 pytestmark = pytest.mark.slow
 WORLD_SIZE = 2
@@ -111,24 +112,36 @@ def _move_after(m: dict, is_moved: Callable[[dict], bool], is_anchor: Callable[[
 
 def _drop_collectives(m: dict, is_dropped: Callable[[dict], bool]) -> None:
     m["comm"]["collectives"] = [c for c in m["comm"]["collectives"] if not is_dropped(c)]
-    m["comm"]["timeline"] = [e for e in m["comm"]["timeline"] if e["event"] != "collective" or not is_dropped(e)]
+    m["comm"]["timeline"] = [
+        e for e in m["comm"]["timeline"] if e["event"] != "collective" or not is_dropped(e)
+    ]
 
 
 def _forward_gather_of(block: str) -> Callable[[dict], bool]:
-    return lambda e: e["event"] == "collective" and e["op"] == "all_gather" and e["phase"] == "forward" \
+    return lambda e: (
+        e["event"] == "collective"
+        and e["op"] == "all_gather"
+        and e["phase"] == "forward"
         and e["module"] == block
+    )
 
 
 def _doctor_allgather_after_block_starts(ms: dict) -> None:
-    _move_after(ms["zero3"], _forward_gather_of("blocks.2"),
-                lambda e: e["event"] == "forward_start" and e["module"] == "blocks.2")
+    _move_after(
+        ms["zero3"],
+        _forward_gather_of("blocks.2"),
+        lambda e: e["event"] == "forward_start" and e["module"] == "blocks.2",
+    )
 
 
 def _doctor_no_prefetch_in_forward(ms: dict) -> None:
     # The prefetched gathers issued late instead: each after the previous block's forward ends.
     for i in (1, 2, 3):
-        _move_after(ms[PREFETCH_ON], _forward_gather_of(f"blocks.{i}"),
-                    lambda e, i=i: e["event"] == "forward_end" and e["module"] == f"blocks.{i - 1}")
+        _move_after(
+            ms[PREFETCH_ON],
+            _forward_gather_of(f"blocks.{i}"),
+            lambda e, i=i: e["event"] == "forward_end" and e["module"] == f"blocks.{i - 1}",
+        )
 
 
 def _doctor_duplicate_all_reduces(m: dict) -> None:
@@ -138,17 +151,23 @@ def _doctor_duplicate_all_reduces(m: dict) -> None:
 # lab id -> a change to a deep copy of its measurements after which the claim does not hold.
 DOCTORED: dict[str, Callable[[dict], None]] = {
     # One FSDP rank kept a full optimizer state.
-    "what-fsdp-shards": lambda ms: _set_ranks(ms["zero3"], "optimizer_bytes", lambda r: 2 * r["optimizer_bytes"]),
+    "what-fsdp-shards": lambda ms: _set_ranks(
+        ms["zero3"], "optimizer_bytes", lambda r: 2 * r["optimizer_bytes"]
+    ),
     "allgather-before-layer": _doctor_allgather_after_block_starts,
     # Reshard-off freed its blocks after forward after all.
     "reshard-after-forward": lambda ms: _set_ranks(
-        ms[RESHARD_OFF], "unsharded_params_after_forward_bytes", lambda r: r["unsharded_params_after_forward_bytes"] // 4
+        ms[RESHARD_OFF],
+        "unsharded_params_after_forward_bytes",
+        lambda r: r["unsharded_params_after_forward_bytes"] // 4,
     ),
     # Four bytes more gradient than stage 3 predicts.
     "fsdp-is-zero3": lambda ms: _set_ranks(ms["zero3"], "grads_bytes", lambda r: r["grads_bytes"] + 4),
     "prefetch-overlap": _doctor_no_prefetch_in_forward,
     # Gradients all-reduced and kept whole instead of scattered.
-    "reduce-scatter-backward": lambda ms: _set_ranks(ms["zero3"], "grads_bytes", lambda r: 2 * r["grads_bytes"]),
+    "reduce-scatter-backward": lambda ms: _set_ranks(
+        ms["zero3"], "grads_bytes", lambda r: 2 * r["grads_bytes"]
+    ),
     # FSDP at 4 ranks holds what it held at 2.
     "persistent-memory-scaling": lambda ms: _set_ranks(
         ms[scaling_key("zero3", 4)], "optimizer_bytes", lambda r: 3 * r["optimizer_bytes"]
@@ -156,15 +175,21 @@ DOCTORED: dict[str, Callable[[dict], None]] = {
     # DDP moving twice what it does makes FSDP's traffic no longer 1.5x of it.
     "memory-communication-tradeoff": lambda ms: _doctor_duplicate_all_reduces(ms["ddp"]),
     # Stage 2 kept full gradients.
-    "zero-stages-model-states": lambda ms: _set_ranks(ms["zero2"], "grads_bytes", lambda r: 2 * r["grads_bytes"]),
+    "zero-stages-model-states": lambda ms: _set_ranks(
+        ms["zero2"], "grads_bytes", lambda r: 2 * r["grads_bytes"]
+    ),
     # SGD with momentum: one value per parameter.
     "adam-optimizer-state": lambda ms: _set_ranks(ms["ddp"], "optimizer_bytes", lambda r: r["params_bytes"]),
     # Stage 3 kept full parameters.
-    "stage3-shards-params": lambda ms: _set_ranks(ms["zero3"], "params_bytes", lambda r: 2 * r["params_bytes"]),
+    "stage3-shards-params": lambda ms: _set_ranks(
+        ms["zero3"], "params_bytes", lambda r: 2 * r["params_bytes"]
+    ),
     # Stage 3 without its reduce-scatters: well under 3Ψ.
     "communication-volume": lambda ms: _drop_collectives(ms["zero3"], lambda c: c["op"] == "reduce_scatter"),
     # Every rank kept the whole optimizer state.
-    "stage1-optimizer-only": lambda ms: _set_ranks(ms["zero1"], "optimizer_bytes", lambda r: 2 * r["optimizer_bytes"]),
+    "stage1-optimizer-only": lambda ms: _set_ranks(
+        ms["zero1"], "optimizer_bytes", lambda r: 2 * r["optimizer_bytes"]
+    ),
 }
 
 
@@ -178,7 +203,10 @@ def test_check_fails_on_doctored_measurements(measured, lab_id):
 
 def test_doctoring_does_not_leak_into_the_shared_measurements(measured):
     zero3 = other(measured, "zero3")
-    assert read.part_bytes(zero3, "optimizer") == [read.full_bytes(zero3, "optimizer") // WORLD_SIZE] * WORLD_SIZE
+    assert (
+        read.part_bytes(zero3, "optimizer")
+        == [read.full_bytes(zero3, "optimizer") // WORLD_SIZE] * WORLD_SIZE
+    )
 
 
 def test_prefetch_finding_reports_the_profilers_overlap_when_the_run_has_one(measured):

@@ -40,9 +40,19 @@ def test_run_refuses_a_missing_extra_or_unknown_lab(argv):
 
 
 def _fake_run(lab_id: str, holds: bool) -> dict:
-    return {"lab": lab_id, "title": "t", "claim": "c", "holds": holds, "finding": "f 1", "reasons": [],
-            "table": {"columns": ["a"], "rows": [[1]]}, "charts": {"c": "<svg/>"}, "measurements": {"x": {}},
-            "config": {}, "duration_s": 0.0}
+    return {
+        "lab": lab_id,
+        "title": "t",
+        "claim": "c",
+        "holds": holds,
+        "finding": "f 1",
+        "reasons": [],
+        "table": {"columns": ["a"], "rows": [[1]]},
+        "charts": {"c": "<svg/>"},
+        "measurements": {"x": {}},
+        "config": {},
+        "duration_s": 0.0,
+    }
 
 
 def test_run_exits_non_zero_when_a_claim_does_not_hold_and_exports_summaries(monkeypatch, tmp_path, capsys):
@@ -61,7 +71,9 @@ def test_run_exits_non_zero_when_a_claim_does_not_hold_and_exports_summaries(mon
 
 
 def test_run_exits_zero_when_every_claim_holds(monkeypatch, capsys):
-    monkeypatch.setattr(commands, "run_labs", lambda lab_ids, world_size, **_: [_fake_run(i, True) for i in lab_ids])
+    monkeypatch.setattr(
+        commands, "run_labs", lambda lab_ids, world_size, **_: [_fake_run(i, True) for i in lab_ids]
+    )
     assert cli.main(["run", "what-fsdp-shards"]) == 0
     assert "what-fsdp-shards" in capsys.readouterr().out
 
@@ -69,8 +81,20 @@ def test_run_exits_zero_when_every_claim_holds(monkeypatch, capsys):
 @pytest.mark.slow
 def test_run_one_lab_json_measures_and_holds():
     result = subprocess.run(
-        [sys.executable, "-m", "sharding_lab.cli", "run", "adam-optimizer-state", "--world-size", "2", "--json"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "sharding_lab.cli",
+            "run",
+            "adam-optimizer-state",
+            "--world-size",
+            "2",
+            "--json",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     run = json.loads(result.stdout)  # exactly one JSON object on stdout

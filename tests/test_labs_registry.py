@@ -45,7 +45,9 @@ def test_persistent_memory_scaling_runs_at_one_n_and_two_n_ranks():
 
 def test_importing_the_labs_does_not_import_torch():
     code = "import sys, sharding_lab.labs, sharding_lab.labs.commands, sharding_lab.svg; print('torch' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
 
@@ -64,7 +66,15 @@ def test_a_failed_condition_fails_the_verdict_and_says_so():
 
 
 def test_summarize_drops_measurements_and_charts_and_keeps_the_rest():
-    run = {"lab": "x", "holds": True, "finding": "f", "table": {}, "config": {}, "measurements": {}, "charts": {}}
+    run = {
+        "lab": "x",
+        "holds": True,
+        "finding": "f",
+        "table": {},
+        "config": {},
+        "measurements": {},
+        "charts": {},
+    }
     summary = summarize(run)
     assert "measurements" not in summary and "charts" not in summary
     assert summary["lab"] == "x" and summary["holds"] is True
@@ -91,8 +101,11 @@ def test_stacked_bar_chart_is_valid_self_contained_svg_with_escaped_text():
 
 def test_bars_are_drawn_in_proportion_to_their_values():
     chart = svg.stacked_bar_chart("t", [svg.Bar("a", {"x": 200}), svg.Bar("b", {"x": 100})], ["x"])
-    widths = [float(e.get("width")) for e in _parse(chart).iter() if e.tag.endswith("rect") and e.get("y") != "0"
-              and e.get("height") == "22"]
+    widths = [
+        float(e.get("width"))
+        for e in _parse(chart).iter()
+        if e.tag.endswith("rect") and e.get("y") != "0" and e.get("height") == "22"
+    ]
     assert widths[0] == pytest.approx(2 * widths[1])
 
 

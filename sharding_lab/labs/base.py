@@ -88,7 +88,8 @@ def runs_at(*configs: tuple[str, str, dict]) -> Callable[[int], tuple[RunSpec, .
 
     def runs(world_size: int) -> tuple[RunSpec, ...]:
         return tuple(
-            RunSpec(key, strategy, world_size, tuple(sorted(options.items()))) for key, strategy, options in configs
+            RunSpec(key, strategy, world_size, tuple(sorted(options.items())))
+            for key, strategy, options in configs
         )
 
     return runs
@@ -96,6 +97,11 @@ def runs_at(*configs: tuple[str, str, dict]) -> Callable[[int], tuple[RunSpec, .
 
 def percent(fraction: float) -> str:
     return f"{100 * fraction:.1f}%"
+
+
+def shares_text(shares: list[float]) -> str:
+    """Each rank's share as a percentage: "50.0% / 50.0%"."""
+    return " / ".join(percent(s) for s in shares)
 
 
 def near(value: float, target: float, tolerance: float) -> bool:

@@ -39,7 +39,9 @@ def model_states_chart(title: str, measurements: Measurements, keys: Sequence[st
     return svg.stacked_bar_chart(title, bars, read.PARTS, colours=MEMORY_COLOURS)
 
 
-def memory_categories_chart(title: str, measurements: Measurements, keys: Sequence[str], rank: int = 0) -> str:
+def memory_categories_chart(
+    title: str, measurements: Measurements, keys: Sequence[str], rank: int = 0
+) -> str:
     """Memory by category as the engine's tracker attributed it (at the rank's peak), a bar per run."""
     names = list(MEMORY_COLOURS)
     for key in keys:

@@ -62,12 +62,17 @@ def check_allgather_before_layer(ms: Measurements) -> Verdict:
         f"one forward all-gather per block ({[len(gathers.get(i, [])) for i in blocks]})",
     )
     just_before = [_gathered_just_before(events, gathers.get(i, [None])[0], i) for i in blocks]
-    c.require(all(just_before), f"each block's all-gather comes just before its forward starts ({just_before})")
+    c.require(
+        all(just_before), f"each block's all-gather comes just before its forward starts ({just_before})"
+    )
     sizes = {e.bytes for i in blocks for e in gathers.get(i, [])}
     c.require(len(sizes) == 1, f"every block gathers the same full bytes ({sorted(sizes)})")
     forward_total = sum(int(x["bytes"]) for x in read.collectives(m, op="all_gather", phase="forward"))
     full = read.padded_full_bytes(m, "params")  # an all-gather moves FSDP's padding too
-    c.require(forward_total == full, f"forward all-gathers add up to the full parameters ({forward_total:,} of {full:,} B)")
+    c.require(
+        forward_total == full,
+        f"forward all-gathers add up to the full parameters ({forward_total:,} of {full:,} B)",
+    )
     return c.verdict()
 
 
@@ -89,8 +94,14 @@ def report_allgather_before_layer(ms: Measurements) -> Report:
     for i in range(read.n_blocks(m)):
         gather = gathers.get(i, [None])[0]
         start = read.module_event(events, i, "forward", "start")
-        rows.append((f"block {i}", gather.position if gather else None, start.position if start else None,
-                     gather.bytes if gather else 0))
+        rows.append(
+            (
+                f"block {i}",
+                gather.position if gather else None,
+                start.position if start else None,
+                gather.bytes if gather else 0,
+            )
+        )
     return Report(
         finding,
         Table(("block", "all-gather at event", "forward starts at event", "all-gather bytes"), tuple(rows)),
@@ -122,14 +133,19 @@ PREFETCH_ON, PREFETCH_OFF = "prefetch", "no prefetch"
 def _overlap_text(on: dict, off: dict) -> str:
     """What the step times mean here: the profiler's overlap on CUDA, nothing on CPU."""
     if on.get("overlap") and off.get("overlap"):
+
         def share(m: dict) -> str:
             return percent(m["overlap"]["overlapped_fraction_of_comm"])
 
-        return (f"; the profiler saw {share(on)} of NCCL kernel time overlap compute with prefetching and "
-                f"{share(off)} without.")
-    return (": on CPU each gloo collective blocks the rank's one thread, so nothing overlaps and the difference "
-            "is noise; the order is the evidence. On a GPU the all-gather runs on its own stream while the block "
-            "computes (the profiler shows the overlap).")
+        return (
+            f"; the profiler saw {share(on)} of NCCL kernel time overlap compute with prefetching and "
+            f"{share(off)} without."
+        )
+    return (
+        ": on CPU each gloo collective blocks the rank's one thread, so nothing overlaps and the difference "
+        "is noise; the order is the evidence. On a GPU the all-gather runs on its own stream while the block "
+        "computes (the profiler shows the overlap)."
+    )
 
 
 def check_prefetch_overlap(ms: Measurements) -> Verdict:
@@ -160,18 +176,34 @@ def report_prefetch_overlap(ms: Measurements) -> Report:
         f"With prefetching, the next block's all-gather was issued before the current block's compute ended for "
         f"{counted(on, 'forward')} block boundaries in forward and {counted(on, 'backward')} in backward; without it, "
         f"for {counted(off, 'forward')} and {counted(off, 'backward')}. Step time {on['step_time_s'] * 1000:.1f} ms with "
-        f"and {off['step_time_s'] * 1000:.1f} ms without"
-        + _overlap_text(on, off)
+        f"and {off['step_time_s'] * 1000:.1f} ms without" + _overlap_text(on, off)
     )
     rows = []
     for key, m in ((PREFETCH_ON, on), (PREFETCH_OFF, off)):
         gathers = read.collectives(m, op="all_gather")
-        rows.append((key, counted(m, "forward"), counted(m, "backward"), round(m["step_time_s"], 4),
-                     len(gathers), sum(bool(g.get("prefetch")) for g in gathers)))
+        rows.append(
+            (
+                key,
+                counted(m, "forward"),
+                counted(m, "backward"),
+                round(m["step_time_s"], 4),
+                len(gathers),
+                sum(bool(g.get("prefetch")) for g in gathers),
+            )
+        )
     return Report(
         finding,
-        Table(("run", "forward boundaries prefetched", "backward boundaries prefetched", "step time s",
-               "all-gathers per step", "issued ahead by another unit"), tuple(rows)),
+        Table(
+            (
+                "run",
+                "forward boundaries prefetched",
+                "backward boundaries prefetched",
+                "step time s",
+                "all-gathers per step",
+                "issued ahead by another unit",
+            ),
+            tuple(rows),
+        ),
         {
             "timeline_prefetch": charts.timeline_chart(f"With prefetching ({n_blocks} blocks)", on),
             "timeline_no_prefetch": charts.timeline_chart(f"Without prefetching ({n_blocks} blocks)", off),
@@ -198,9 +230,12 @@ def check_reduce_scatter_backward(ms: Measurements) -> Verdict:
         _issued_before(read.module_event(events, i, "backward", "start"), scatters.get(i, [None])[0])
         for i in blocks
     ]
-    c.require(all(after_start), f"each block's reduce-scatter follows the start of its backward ({after_start})")
+    c.require(
+        all(after_start), f"each block's reduce-scatter follows the start of its backward ({after_start})"
+    )
     same_size = [
-        [e.bytes for e in scatters.get(i, [])] == [e.bytes for e in forward_gathers.get(i, [])] for i in blocks
+        [e.bytes for e in scatters.get(i, [])] == [e.bytes for e in forward_gathers.get(i, [])]
+        for i in blocks
     ]
     c.require(all(same_size), f"each reduce-scatter takes the block's full gradient bytes ({same_size})")
     total = sum(int(x["bytes"]) for x in read.collectives(m, op="reduce_scatter"))
@@ -230,12 +265,27 @@ def report_reduce_scatter_backward(ms: Measurements) -> Report:
     for i in reversed(range(read.n_blocks(m))):
         scatter = scatters.get(i, [None])[0]
         start = read.module_event(events, i, "backward", "start")
-        rows.append((f"block {i}", start.position if start else None, scatter.position if scatter else None,
-                     scatter.bytes if scatter else 0, scatter.bytes // n if scatter else 0))
+        rows.append(
+            (
+                f"block {i}",
+                start.position if start else None,
+                scatter.position if scatter else None,
+                scatter.bytes if scatter else 0,
+                scatter.bytes // n if scatter else 0,
+            )
+        )
     return Report(
         finding,
-        Table(("block", "backward starts at event", "reduce-scatter at event", "bytes in", "bytes kept per rank"),
-              tuple(rows)),
+        Table(
+            (
+                "block",
+                "backward starts at event",
+                "reduce-scatter at event",
+                "bytes in",
+                "bytes kept per rank",
+            ),
+            tuple(rows),
+        ),
         {"timeline": charts.timeline_chart(f"FSDP step, collectives by phase (N={n})", m)},
     )
 
@@ -252,8 +302,10 @@ def check_tradeoff(ms: Measurements) -> Verdict:
     low, high = TRADEOFF_RANGE
     c.require(low <= ratio <= high, f"FSDP moves about 1.5x DDP's bytes per step ({ratio:.3f}x)")
     gathers = len(read.collectives(fsdp, op="all_gather"))
-    c.require(gathers > 0 and not read.collectives(ddp, op="all_gather"),
-              f"FSDP all-gathers ({gathers} per step), DDP never")
+    c.require(
+        gathers > 0 and not read.collectives(ddp, op="all_gather"),
+        f"FSDP all-gathers ({gathers} per step), DDP never",
+    )
     return c.verdict()
 
 
@@ -276,9 +328,13 @@ def report_tradeoff(ms: Measurements) -> Report:
         finding,
         _volume_table(ms, ["ddp", "zero3"]),
         {
-            "model_states": charts.model_states_chart(f"Model states per rank (rank 0, N={n})", ms, ["ddp", "zero3"]),
+            "model_states": charts.model_states_chart(
+                f"Model states per rank (rank 0, N={n})", ms, ["ddp", "zero3"]
+            ),
             "bytes_by_collective": charts.volume_by_op_chart(
-                f"Bytes moved per step, paper accounting: all-reduce counts twice (N={n})", ms, ["ddp", "zero3"]
+                f"Bytes moved per step, paper accounting: all-reduce counts twice (N={n})",
+                ms,
+                ["ddp", "zero3"],
             ),
         },
     )
@@ -290,14 +346,27 @@ def _volume_table(ms: Measurements, keys: list[str]) -> Table:
         m = ms[key]
         totals = read.totals_by_op(m)
         ops = ", ".join(f"{op} x{entry['count']}" for op, entry in sorted(totals.items()))
-        rows.append((
-            key, ops, sum(e["bytes"] for e in totals.values()), sum(e["wire_bytes_derived"] for e in totals.values()),
-            round(read.volume_in_params(m), 3), COMMUNICATION_MULTIPLE[read.strategy(m)],
-            max(read.model_states_bytes(m)),
-        ))
+        rows.append(
+            (
+                key,
+                ops,
+                sum(e["bytes"] for e in totals.values()),
+                sum(e["wire_bytes_derived"] for e in totals.values()),
+                round(read.volume_in_params(m), 3),
+                COMMUNICATION_MULTIPLE[read.strategy(m)],
+                max(read.model_states_bytes(m)),
+            )
+        )
     return Table(
-        ("strategy", "collectives per step", "logical bytes", "wire bytes (derived, ring)", "measured volume (xΨ)",
-         "paper volume (xΨ)", "model states bytes per rank"),
+        (
+            "strategy",
+            "collectives per step",
+            "logical bytes",
+            "wire bytes (derived, ring)",
+            "measured volume (xΨ)",
+            "paper volume (xΨ)",
+            "model states bytes per rank",
+        ),
         tuple(rows),
     )
 
@@ -309,7 +378,9 @@ def check_communication_volume(ms: Measurements) -> Verdict:
     volume = {key: read.volume_in_params(ms[key]) for key in ("ddp", "zero1", "zero2", "zero3")}
     c = Conditions()
     for key in ("ddp", "zero2"):
-        c.require(near(volume[key], 2, VOLUME_TOLERANCE), f"{key} moves about 2Ψ per step ({volume[key]:.3f}Ψ)")
+        c.require(
+            near(volume[key], 2, VOLUME_TOLERANCE), f"{key} moves about 2Ψ per step ({volume[key]:.3f}Ψ)"
+        )
     c.require(
         near(volume["zero1"], 3, VOLUME_TOLERANCE) and bool(read.collectives(ms["zero1"], op="broadcast")),
         f"zero1 (PyTorch) all-reduces 2Ψ and broadcasts Ψ ({volume['zero1']:.3f}Ψ)",
@@ -336,23 +407,43 @@ def report_communication_volume(ms: Measurements) -> Report:
     return Report(
         finding,
         _volume_table(ms, keys),
-        {"bytes_by_collective": charts.volume_by_op_chart(
-            f"Bytes moved per step, paper accounting: all-reduce counts twice (N={n})", ms, keys
-        )},
+        {
+            "bytes_by_collective": charts.volume_by_op_chart(
+                f"Bytes moved per step, paper accounting: all-reduce counts twice (N={n})", ms, keys
+            )
+        },
     )
 
 
 COMM_LABS: tuple[Lab, ...] = (
-    catalog_lab("allgather-before-layer", runs_at(("zero3", "zero3", {"prefetch": False})),
-         check_allgather_before_layer, report_allgather_before_layer),
-    catalog_lab("prefetch-overlap",
-         runs_at((PREFETCH_ON, "zero3", {}), (PREFETCH_OFF, "zero3", {"prefetch": False})),
-         check_prefetch_overlap, report_prefetch_overlap),
-    catalog_lab("reduce-scatter-backward", runs_at(("zero3", "zero3", {})),
-         check_reduce_scatter_backward, report_reduce_scatter_backward),
-    catalog_lab("memory-communication-tradeoff", runs_at(("ddp", "ddp", {}), ("zero3", "zero3", {})),
-         check_tradeoff, report_tradeoff),
-    catalog_lab("communication-volume",
-         runs_at(("ddp", "ddp", {}), ("zero1", "zero1", {}), ("zero2", "zero2", {}), ("zero3", "zero3", {})),
-         check_communication_volume, report_communication_volume),
+    catalog_lab(
+        "allgather-before-layer",
+        runs_at(("zero3", "zero3", {"prefetch": False})),
+        check_allgather_before_layer,
+        report_allgather_before_layer,
+    ),
+    catalog_lab(
+        "prefetch-overlap",
+        runs_at((PREFETCH_ON, "zero3", {}), (PREFETCH_OFF, "zero3", {"prefetch": False})),
+        check_prefetch_overlap,
+        report_prefetch_overlap,
+    ),
+    catalog_lab(
+        "reduce-scatter-backward",
+        runs_at(("zero3", "zero3", {})),
+        check_reduce_scatter_backward,
+        report_reduce_scatter_backward,
+    ),
+    catalog_lab(
+        "memory-communication-tradeoff",
+        runs_at(("ddp", "ddp", {}), ("zero3", "zero3", {})),
+        check_tradeoff,
+        report_tradeoff,
+    ),
+    catalog_lab(
+        "communication-volume",
+        runs_at(("ddp", "ddp", {}), ("zero1", "zero1", {}), ("zero2", "zero2", {}), ("zero3", "zero3", {})),
+        check_communication_volume,
+        report_communication_volume,
+    ),
 )

@@ -23,14 +23,16 @@ from sharding_lab.labs.runner import run_labs, write_summaries
 def register(subparsers) -> None:
     """Add the `list` and `run` subcommands to the sharding-lab CLI (dispatched through args.func)."""
     list_parser = subparsers.add_parser(
-        "list", help="the labs: id, title, claim and the questions each backs",
+        "list",
+        help="the labs: id, title, claim and the questions each backs",
         description="List every lab with the claim it checks and the bank questions it backs.",
     )
     list_parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     list_parser.set_defaults(func=run_list)
 
     run_parser = subparsers.add_parser(
-        "run", help="run a lab (or --all): measure, check the claim, report the numbers",
+        "run",
+        help="run a lab (or --all): measure, check the claim, report the numbers",
         description="Run a lab's sharded configurations on CPU ranks, check its claim against the "
         "measurements and report the finding. Exits 1 when a claim does not hold.",
     )
@@ -38,11 +40,17 @@ def register(subparsers) -> None:
     run_parser.add_argument("--all", action="store_true", help="run every lab, sharing launches")
     run_parser.add_argument("--world-size", type=int, default=2, help="ranks N (default 2)")
     run_parser.add_argument("--size", default="tiny", help="model size (default tiny)")
-    run_parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                            help="cpu (gloo, default) or cuda (NCCL, one GPU per rank)")
+    run_parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cpu (gloo, default) or cuda (NCCL, one GPU per rank)",
+    )
     run_parser.add_argument("--json", action="store_true", help="print one JSON object")
     run_parser.add_argument(
-        "--export", type=Path, metavar="PATH",
+        "--export",
+        type=Path,
+        metavar="PATH",
         help="also write {lab id: run without measurements and charts} to PATH (e.g. exports/lab-results.json)",
     )
     run_parser.set_defaults(func=run_run)
@@ -50,8 +58,13 @@ def register(subparsers) -> None:
 
 def run_list(args: argparse.Namespace) -> int:
     labs = [
-        {"id": lab.id, "title": lab.info.title, "claim": lab.info.claim, "questions": list(lab.info.questions),
-         "command": lab.info.command}
+        {
+            "id": lab.id,
+            "title": lab.info.title,
+            "claim": lab.info.claim,
+            "questions": list(lab.info.questions),
+            "command": lab.info.command,
+        }
         for lab in LABS.values()
     ]
     if args.json:
@@ -130,7 +143,9 @@ def _print_runs(runs: list[dict]) -> None:
             table.add_row(*(_cell(value) for value in row))
         console.print(table)
         for reason in run["reasons"]:
-            console.print(f"  {'✗' if reason.startswith('NOT') else '✓'} {reason}", markup=False, highlight=False)
+            console.print(
+                f"  {'✗' if reason.startswith('NOT') else '✓'} {reason}", markup=False, highlight=False
+            )
     held = sum(run["holds"] for run in runs)
     console.print(f"\n{held} of {len(runs)} claims held.")
 

@@ -65,8 +65,14 @@ def padded_part_bytes(m: dict, part: str) -> list[int]:
     """Each rank's bytes of `part` plus the padding its shard is short of (FSDP's last ranks)."""
     per_element = FP32_ADAM_BYTES[part]
     return [
-        int(rank[_PART_FIELDS[part]]) + per_element * int(rank.get("padding_elements") or 0) for rank in ranks(m)
+        int(rank[_PART_FIELDS[part]]) + per_element * int(rank.get("padding_elements") or 0)
+        for rank in ranks(m)
     ]
+
+
+def held_in_full(m: dict, part: str) -> bool:
+    """Whether every rank holds the whole model's `part` (replicated, as under DDP)."""
+    return all(b == full_bytes(m, part) for b in part_bytes(m, part))
 
 
 def sharded(m: dict, part: str) -> bool:
@@ -178,7 +184,9 @@ def timeline(m: dict) -> list[Event]:
     for position, raw in enumerate(m["comm"]["timeline"]):
         module = raw.get("module") or ""
         if raw["event"] == "collective":
-            events.append(Event(position, "collective", module, raw.get("phase") or "", raw["op"], int(raw["bytes"])))
+            events.append(
+                Event(position, "collective", module, raw.get("phase") or "", raw["op"], int(raw["bytes"]))
+            )
         else:
             phase, _, edge = raw["event"].partition("_")
             events.append(Event(position, edge, module, phase))

@@ -23,7 +23,12 @@ BULKY_FIELDS = ("measurements", "charts")
 
 
 def run_lab(
-    lab_id: str, world_size: int = 2, *, size: str = "tiny", device: str = "cpu", on_progress: Progress | None = None
+    lab_id: str,
+    world_size: int = 2,
+    *,
+    size: str = "tiny",
+    device: str = "cpu",
+    on_progress: Progress | None = None,
 ) -> dict:
     """Measure, check and report one lab; the run JSON (see `evaluate`)."""
     return run_labs([lab_id], world_size, size=size, device=device, on_progress=on_progress)[0]
@@ -73,7 +78,9 @@ def measure_specs(
             names = ", ".join(_describe(spec) for spec in distinct.values())
             on_progress(f"launching {world_size} rank{'s' if world_size > 1 else ''}: {names}")
         started = time.perf_counter()
-        configs = [{"strategy": spec.strategy, "size": size, **dict(spec.options)} for spec in distinct.values()]
+        configs = [
+            {"strategy": spec.strategy, "size": size, **dict(spec.options)} for spec in distinct.values()
+        ]
         results = measure_many(configs, world_size, device=device)
         seconds[world_size] = time.perf_counter() - started
         measured.update(zip(distinct, results, strict=True))
@@ -86,7 +93,11 @@ def _describe(spec: RunSpec) -> str:
 
 
 def evaluate(
-    lab: Lab, world_size: int, specs: Sequence[RunSpec], measurements: Measurements, launch_seconds: float = 0.0
+    lab: Lab,
+    world_size: int,
+    specs: Sequence[RunSpec],
+    measurements: Measurements,
+    launch_seconds: float = 0.0,
 ) -> dict:
     """The run JSON of one lab (what `sharding-lab run LAB --json` prints):
 
@@ -144,8 +155,10 @@ def _safe_report(lab: Lab, measurements: Measurements) -> Report:
     try:
         return lab.report(measurements)
     except (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError, AttributeError) as error:
-        return Report(f"No report: the measurements lack what it reads ({type(error).__name__}: {error}).",
-                      Table((), ()))
+        return Report(
+            f"No report: the measurements lack what it reads ({type(error).__name__}: {error}).",
+            Table((), ()),
+        )
 
 
 def summarize(run: Mapping) -> dict:
