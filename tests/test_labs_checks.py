@@ -217,6 +217,7 @@ def test_prefetch_finding_reports_the_profilers_overlap_when_the_run_has_one(mea
         measurements[key]["overlap"] = {"overlapped_fraction_of_comm": fraction}
     finding = LABS["prefetch-overlap"].report(measurements).finding
     assert "75.0% of NCCL kernel time overlap compute with prefetching and 5.0% without" in finding
+    assert "gloo" not in finding
 
 
 # Labs whose checks account for FSDP's padding; at 3 ranks the tiny model's 32-row dims are padded.
