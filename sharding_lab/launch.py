@@ -148,11 +148,28 @@ def _run_under_torchrun(fn, args, timeout_s: float) -> list[Any]:
     device, backend, mesh = _init_rank(rank, world_size, local_rank, device_type, "env://", timeout_s)
     try:
         result = fn(RankContext(rank, world_size, local_rank, backend, device, mesh), *args)
-        results: list[Any] = [None] * world_size
-        dist.all_gather_object(results, result)
-        return results
+        return _exchange(result, device)
     finally:
         dist.destroy_process_group()
+
+
+def _exchange(obj: Any, device) -> list[Any]:
+    """Every rank's `obj`, in rank order, on every rank (all_gather_object, without its numpy need)."""
+    import pickle
+
+    import torch
+    import torch.distributed as dist
+
+    world_size = dist.get_world_size()
+    payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world_size)]
+    dist.all_gather(sizes, torch.tensor([payload.numel()], dtype=torch.int64, device=device))
+    longest = max(int(size.item()) for size in sizes)
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+    padded[: payload.numel()] = payload
+    gathered = [torch.empty(longest, dtype=torch.uint8, device=device) for _ in range(world_size)]
+    dist.all_gather(gathered, padded)
+    return [pickle.loads(bytes(t[: int(n.item())].cpu().tolist())) for t, n in zip(gathered, sizes, strict=True)]
 
 
 # --- the parent that spawns ranks -------------------------------------------------------------------

@@ -1,0 +1,116 @@
+"""`sharding-lab measure` and `compare`: one JSON object on stdout with --json, rich tables without,
+the same command under torchrun, and a failed rank turned into a clear error and exit status 1."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+from sharding_measurements import measurements
+
+from sharding_lab import cli
+from sharding_lab.launch import RankFailed
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def test_subcommands_are_registered():
+    parser = cli.build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    assert {"measure", "compare"} <= set(commands)
+    try:
+        import sharding_lab.estimate  # noqa: F401
+    except ImportError:
+        return
+    assert "estimate" in commands
+
+
+def test_cli_choices_match_the_engine():
+    from sharding_lab.model import SIZES
+    from sharding_lab.parallelize import STRATEGIES, STRATEGY_ALIASES
+
+    assert cli.STRATEGIES == STRATEGIES
+    assert cli.STRATEGY_ALIASES == tuple(STRATEGY_ALIASES)
+    assert cli.SIZES == tuple(SIZES)
+
+
+def test_importing_the_package_and_its_cli_does_not_import_torch():
+    code = "import sys, sharding_lab, sharding_lab.catalog, sharding_lab.cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_unknown_strategy_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["measure", "--strategy", "zero4"])
+    assert exit_info.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_a_failed_rank_is_reported_on_stderr_with_status_1(monkeypatch, capsys):
+    def failing_measure_many(*args, **kwargs):
+        raise RankFailed(1, "raised an exception:\nRuntimeError: boom")
+
+    monkeypatch.setattr("sharding_lab.measure.measure_many", failing_measure_many)
+    assert cli.main(["measure", "--strategy", "ddp", "--json"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "rank 1 failed" in captured.err and "boom" in captured.err
+
+
+@pytest.mark.slow
+def test_measure_json_is_exactly_one_object_with_the_documented_fields():
+    completed = subprocess.run(
+        [str(VENV_BIN / "sharding-lab"), "measure", "--strategy", "zero3", "--world-size", "2", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert completed.returncode == 0, completed.stderr
+    m = json.loads(completed.stdout)  # one object, nothing else: json.loads rejects trailing text
+    assert m["config"]["strategy"] == "zero3" and m["config"]["world_size"] == 2
+    for rank in m["memory"]["per_rank"]:
+        for field in ("params_bytes", "grads_bytes", "optimizer_bytes", "peak_bytes", "categories"):
+            assert field in rank
+    for c in m["comm"]["collectives"]:
+        assert {"op", "phase", "module", "bytes", "wire_bytes_derived"} <= set(c)
+    assert set(m["comm"]["totals"]) >= {"all_gather", "reduce_scatter", "all_reduce", "broadcast"}
+    assert m["predicted"]["model_states_bytes_per_rank"]["total"] == m["memory"]["per_rank"][0]["model_states_bytes"]
+    assert m["step_time_s"] > 0
+
+
+@pytest.mark.slow
+def test_compare_json_holds_every_strategy_from_one_launch(capsys):
+    assert cli.main(["compare", "--world-size", "2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert list(result["strategies"]) == ["ddp", "zero1", "zero2", "zero3"]
+    optimizer = {s: m["memory"]["per_rank"][0]["optimizer_bytes"] for s, m in result["strategies"].items()}
+    assert optimizer["ddp"] == 2 * optimizer["zero3"]  # Adam's state halves on two ranks
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("torchrun", path=str(VENV_BIN)) is None, reason="torchrun not installed")
+def test_the_same_command_runs_under_torchrun_and_only_rank_0_prints():
+    completed = subprocess.run(
+        [str(VENV_BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "sharding_lab.cli",
+         "measure", "--strategy", "zero2", "--world-size", "2", "--json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    m = json.loads(completed.stdout)
+    assert m["config"]["strategy"] == "zero2" and len(m["memory"]["per_rank"]) == 2
+
+
+@pytest.mark.slow
+def test_tables_show_measured_beside_predicted():
+    from sharding_lab.report import render_comparison, render_measurement
+
+    console = Console(record=True, width=200)
+    render_measurement(measurements()["zero3"], console)
+    render_comparison({k: measurements()[k] for k in ("ddp", "zero1", "zero2", "zero3")}, console)
+    text = console.export_text()
+    assert "predicted" in text and "all_gather" in text and "reduce_scatter" in text
+    assert "zero1" in text and "step time" in text
