@@ -17,6 +17,7 @@ from sharding_lab.catalog import lab_info
 from studyapp.anki_export import export_anki_command
 from studyapp.bank import BankError, load_bank, quiz_to_yaml
 from studyapp.db import get_engine
+from studyapp.migrate import db_group
 from studyapp.sync import SyncReport, sync_bank
 
 
@@ -92,6 +93,7 @@ COMMANDS = (
     serve_command,
     bank_group,
     export_anki_command,
+    db_group,
 )
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from flask import Flask, current_app, g
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
-from sqlmodel import Session, SQLModel, create_engine
+from sqlmodel import Session, create_engine
 
-from studyapp import models  # noqa: F401 - registers the tables on SQLModel.metadata
+from studyapp import migrate
 
 _ENGINE_KEY = "studyapp.engine"
 
@@ -40,11 +40,9 @@ def make_engine(url: str) -> Engine:
 
 
 def upgrade_schema(engine: Engine) -> None:
-    """Bring the database's schema up to date. The one place the schema is created.
-
-    Today: create missing tables. When migrations land (Alembic), this runs them instead.
-    """
-    SQLModel.metadata.create_all(engine)
+    """Bring the database's schema up to date: the Alembic migrations (studyapp.migrate),
+    the one place the schema is created or changed."""
+    migrate.upgrade(engine)
 
 
 def get_engine(app: Flask | None = None) -> Engine:

@@ -97,6 +97,9 @@ class ReviewLog(SQLModel, table=True):
     after_repeat_day: date | None = None
 
     undone_at: datetime | None = None  # set by undo
+    # Milliseconds from showing the question to answering it (FSRS's review duration);
+    # None for reviews logged before migration 0002 or sent without a showing time.
+    duration_ms: int | None = None
 
 
 class LabRun(SQLModel, table=True):

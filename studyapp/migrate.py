@@ -1,0 +1,131 @@
+"""Schema migrations: Alembic, configured in code, with the scripts in studyapp/migrations/.
+
+`upgrade(engine)` brings any database to the newest revision: an empty one is built by the
+migrations from scratch, one made before migrations existed (tables but no alembic_version)
+is stamped at revision 0001 (the schema it has) and then upgraded. The app calls it on
+start; `studyapp db upgrade` runs it by hand. Adding a revision: `studyapp db revision -m ...`
+writes a new script into studyapp/migrations/versions/ from the difference to the models.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import click
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from flask import current_app
+from flask.cli import AppGroup
+from sqlalchemy import inspect, text
+from sqlalchemy.engine import Connection, Engine
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+FIRST_REVISION = "0001"  # the schema SQLModel's create_all made before migrations
+APP_TABLES = frozenset({"deck", "card", "reviewlog", "labrun"})
+_PG_LOCK_KEY = 7_210_531  # any constant: serialises migrations of app processes starting together
+
+
+class SchemaError(RuntimeError):
+    """The database's tables are in a state no revision describes."""
+
+
+def alembic_config(connection: Connection | None = None) -> Config:
+    """Alembic's Config without an ini file; env.py migrates `connection`."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.attributes["connection"] = connection
+    return config
+
+
+@lru_cache(maxsize=1)
+def _scripts() -> ScriptDirectory:
+    return ScriptDirectory.from_config(alembic_config())
+
+
+def head_revision() -> str:
+    return _scripts().get_current_head()
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the database is stamped at (None: not under migrations yet)."""
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def _adopt_unversioned(connection: Connection) -> None:
+    """Stamp a pre-migrations database at FIRST_REVISION; refuse a partial one."""
+    tables = set(inspect(connection).get_table_names())
+    if "alembic_version" in tables:
+        return
+    present = APP_TABLES & tables
+    if present == APP_TABLES:
+        command.stamp(alembic_config(connection), FIRST_REVISION)
+    elif present:
+        raise SchemaError(
+            f"the database has some of the app's tables ({', '.join(sorted(present))}) but not "
+            f"{', '.join(sorted(APP_TABLES - present))}, and no migration history: restore it from a backup"
+        )
+
+
+def upgrade(engine: Engine, revision: str = "head") -> str | None:
+    """Migrate the database to `revision` (default: the newest). Returns the revision it is at."""
+    with engine.connect() as connection:
+        if connection.dialect.name == "postgresql":
+            connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _PG_LOCK_KEY})
+            connection.commit()
+        try:
+            _adopt_unversioned(connection)
+            connection.commit()
+            command.upgrade(alembic_config(connection), revision)
+            connection.commit()
+        finally:
+            if connection.dialect.name == "postgresql":
+                connection.rollback()
+                connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": _PG_LOCK_KEY})
+                connection.commit()
+    return current_revision(engine)
+
+
+def downgrade(engine: Engine, revision: str) -> str | None:
+    """Migrate back to `revision` (for testing upgrades; data in dropped columns is lost)."""
+    with engine.connect() as connection:
+        command.downgrade(alembic_config(connection), revision)
+        connection.commit()
+    return current_revision(engine)
+
+
+# --- `studyapp db ...` ------------------------------------------------------------------
+
+db_group = AppGroup("db", help="The database schema (Alembic migrations).")
+
+
+def _engine() -> Engine:
+    from studyapp.db import get_engine
+
+    return get_engine(current_app._get_current_object())
+
+
+@db_group.command("upgrade")
+@click.argument("revision", default="head")
+def db_upgrade_command(revision: str) -> None:
+    """Migrate the database to REVISION (default: head, the newest)."""
+    before = current_revision(_engine())
+    after = upgrade(_engine(), revision)
+    click.echo(f"database at revision {after} (head is {head_revision()}; was {before or 'unversioned'})")
+
+
+@db_group.command("current")
+def db_current_command() -> None:
+    """Print the database's revision and the newest one."""
+    click.echo(f"database at revision {current_revision(_engine()) or 'unversioned'} (head is {head_revision()})")
+
+
+@db_group.command("revision")
+@click.option("-m", "--message", required=True, help="What the revision changes, in a few words.")
+def db_revision_command(message: str) -> None:
+    """Write a new migration script from the difference between the models and the database."""
+    with _engine().connect() as connection:
+        command.revision(alembic_config(connection), message=message, autogenerate=True)
