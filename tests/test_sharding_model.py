@@ -1,0 +1,69 @@
+"""The GPT: named sizes, meta-device construction, initialisation, and no distributed code inside."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from sharding_lab import model as model_module
+from sharding_lab.model import GPT, SIZES, GPTConfig, config_for
+
+
+def gpt_params(c: GPTConfig) -> int:
+    """Parameters by hand: embeddings, 12·d² + 13·d per block, final norm, untied head."""
+    d = c.n_embd
+    per_block = 12 * d * d + 13 * d
+    return c.vocab_size * d + c.block_size * d + c.n_layer * per_block + 2 * d + c.vocab_size * d
+
+
+@pytest.mark.parametrize("name", list(SIZES))
+def test_every_size_builds_on_meta_with_the_expected_parameter_count(name):
+    with torch.device("meta"):
+        model = GPT(config_for(name))
+    assert model.num_params() == gpt_params(SIZES[name])
+    assert len(model.blocks) == SIZES[name].n_layer
+    assert all(p.is_meta for p in model.parameters())
+
+
+def test_sizes_span_tiny_to_70b():
+    assert gpt_params(SIZES["tiny"]) < 100_000
+    assert 6.5e9 < gpt_params(SIZES["7b"]) < 7.5e9
+    assert 6e10 < gpt_params(SIZES["70b"]) < 7.5e10
+
+
+def test_unknown_size_names_the_valid_ones():
+    with pytest.raises(ValueError, match="tiny, gpt2-small"):
+        config_for("huge")
+    assert config_for("tiny", n_layer=2).n_layer == 2
+
+
+def test_meta_model_materialises_and_initialises_like_gpt2():
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = GPT(config_for("tiny"))
+    model.to_empty(device="cpu")
+    model.init_weights()
+    assert torch.equal(model.blocks[0].ln_1.weight, torch.ones(32))
+    assert torch.equal(model.blocks[0].attn.c_attn.bias, torch.zeros(96))
+    assert model.wte.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    # Residual projections are scaled down by depth.
+    assert model.blocks[0].mlp.c_proj.weight.std().item() == pytest.approx(0.02 / (2 * 4) ** 0.5, rel=0.15)
+
+
+def test_forward_gives_logits_or_the_loss_and_trains():
+    torch.manual_seed(0)
+    model = GPT(config_for("tiny"))
+    model.init_weights()
+    idx = torch.randint(0, 128, (2, 16))
+    assert model(idx).shape == (2, 16, 128)
+    loss = model(idx, idx)
+    assert loss.item() == pytest.approx(torch.log(torch.tensor(128.0)).item(), rel=0.05)  # near uniform at init
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_the_model_file_has_no_distributed_code():
+    source = Path(model_module.__file__).read_text()
+    assert "torch.distributed" not in source and "fully_shard" not in source
