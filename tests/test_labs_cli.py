@@ -32,7 +32,15 @@ def test_list_as_a_table_names_every_lab(capsys):
     assert all(info.id in out for info in CATALOG)
 
 
-@pytest.mark.parametrize("argv", [["run"], ["run", "adam-optimizer-state", "--all"], ["run", "no-such-lab"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run"],
+        ["run", "adam-optimizer-state", "--all"],
+        ["run", "no-such-lab"],
+        ["run", "adam-optimizer-state", "--world-size", "1"],
+    ],
+)
 def test_run_refuses_a_missing_extra_or_unknown_lab(argv):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(argv)

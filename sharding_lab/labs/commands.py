@@ -86,8 +86,10 @@ def run_list(args: argparse.Namespace) -> int:
 def run_run(args: argparse.Namespace) -> int:
     if args.all == bool(args.lab):
         raise SystemExit("sharding-lab run: name one LAB or pass --all (see `sharding-lab list`)")
-    if args.world_size < 1:
-        raise SystemExit("sharding-lab run: --world-size must be at least 1")
+    if args.world_size < 2:
+        raise SystemExit(
+            "sharding-lab run: --world-size must be at least 2 (one rank shards and sends nothing)"
+        )
     lab_ids = list(LABS) if args.all else [args.lab]
     try:
         for lab_id in lab_ids:

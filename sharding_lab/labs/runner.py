@@ -43,6 +43,8 @@ def run_labs(
     on_progress: Progress | None = None,
 ) -> list[dict]:
     """Run several labs (all by default) with one launch per world size; their run JSONs in order."""
+    if world_size < 2:
+        raise ValueError(f"labs compare sharded ranks: world_size must be at least 2, got {world_size}")
     labs = [get_lab(lab_id) for lab_id in (LABS if lab_ids is None else lab_ids)]
     specs = {lab.id: lab.runs(world_size) for lab in labs}
     all_specs = [spec for lab_specs in specs.values() for spec in lab_specs]
