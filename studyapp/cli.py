@@ -17,6 +17,7 @@ from sharding_lab.catalog import lab_info
 from studyapp.anki_export import export_anki_command
 from studyapp.bank import BankError, load_bank, quiz_to_yaml
 from studyapp.db import get_engine
+from studyapp.lab_queue import labs_group, start_worker
 from studyapp.migrate import db_group
 from studyapp.sync import SyncReport, sync_bank
 
@@ -37,6 +38,7 @@ def serve_command(host: str | None, port: int | None) -> None:
     """Sync the bank into the database, then serve the app."""
     app = current_app._get_current_object()
     click.echo(f"bank synced: {sync_configured_bank(app).summary()}")
+    start_worker(app)  # fails runs a restart cut off, resumes queued ones
     # Flask's app.run() refuses to run inside a `flask`-style CLI command: serve with werkzeug directly.
     run_simple(host or app.config["HOST"], port or app.config["PORT"], app, threaded=True)
 
@@ -93,6 +95,7 @@ COMMANDS = (
     serve_command,
     bank_group,
     export_anki_command,
+    labs_group,
     db_group,
 )
 

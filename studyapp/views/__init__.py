@@ -7,7 +7,9 @@
     /study/undo       POST      study.undo
     /decks/<deck_id>            decks.deck        the deck's cards, each linking to its question and lab
     /questions/<question_id>    decks.question    one card: answer, reasons, lab, schedule, history
-    /labs, /labs/<lab_id>       labs.index, labs.lab_page
+    /labs, /labs/<lab_id>       labs.index, labs.lab_page   claim, questions, Run this lab, results, past runs
+    /labs/<lab_id>/runs  POST   labs.start_run    202 {"run_id"} (JSON) or back to the lab page (form)
+    /labs/runs/<run_id>         labs.run_status   {"status", "result"}: the lab's JSON, or {"error"}
     /stats                      stats.index       SVG charts: reviews, accuracy, due forecast
     /exports/<name>.apkg        exports.download  built Anki decks, by exact name only
 

@@ -1,19 +1,48 @@
-"""A page per lab from the catalogue: its claim, the questions it backs, how to run it.
+"""A page per lab from the catalogue: its claim, the questions it backs, how to run it, its results;
+and the JSON API that runs it (through studyapp.lab_queue, never in this process).
 
-The labs-in-app work adds runs and results here (`lab_page` renders labs/lab.html with
-`lab`, `cards`; extend the template's `results` block and add the JSON API to this blueprint).
+    GET  /labs                          labs.index
+    GET  /labs/<lab_id>                 labs.lab_page       claim, questions, "Run this lab", results
+    GET  /labs/<lab_id>/results         labs.results        the results part alone (the page's JS swaps it in)
+    POST /labs/<lab_id>/runs            labs.start_run      202 {"run_id": ...}; a form post redirects back
+    GET  /labs/runs/<run_id>            labs.run_status     {"status": ..., "result": {...}}
 """
 
 from __future__ import annotations
 
-from flask import Blueprint, abort, render_template
+from typing import Any
+
+from flask import Blueprint, abort, current_app, flash, jsonify, redirect, render_template, request, url_for
 from sqlmodel import select
 
-from sharding_lab.catalog import CATALOG, lab_info
-from studyapp.db import get_session
-from studyapp.models import Card
+from sharding_lab.catalog import CATALOG, LabInfo, lab_info
+from sharding_lab.labs.registry import LABS
+from studyapp import lab_queue
+from studyapp.csrf import FORM_FIELD
+from studyapp.db import get_engine, get_session
+from studyapp.models import Card, LabRun
+from studyapp.safe_svg import safe_charts
 
 bp = Blueprint("labs", __name__, url_prefix="/labs")
+PAST_RUNS_SHOWN = 20
+
+
+def _wants_json() -> bool:
+    return request.is_json or request.accept_mimetypes.best == "application/json"
+
+
+def _lab_or_404(lab_id: str) -> LabInfo:
+    lab = lab_info(lab_id)
+    if lab is None:
+        abort(404, description=f"There is no lab '{lab_id[:60]}'.")
+    return lab
+
+
+@bp.app_template_global()
+def latest_lab_run(lab_id: str) -> LabRun | None:
+    """The lab's latest finished (done) run: what a card's lab box and the lab page show."""
+    query = select(LabRun).where(LabRun.lab_id == lab_id, LabRun.status == "done")
+    return get_session().exec(query.order_by(LabRun.finished_at.desc(), LabRun.id.desc()).limit(1)).first()
 
 
 @bp.get("")
@@ -23,14 +52,83 @@ def index():
 
 @bp.get("/<lab_id>")
 def lab_page(lab_id: str):
-    lab = lab_info(lab_id)
-    if lab is None:
-        abort(404, description=f"There is no lab '{lab_id[:60]}'.")
+    lab = _lab_or_404(lab_id)
     cards = get_session().exec(select(Card).where(Card.lab == lab_id, Card.retired.is_(False)).order_by(Card.position)).all()
     synced = {card.question_id for card in cards}
+    active = get_session().exec(
+        select(LabRun).where(LabRun.lab_id == lab_id, LabRun.status.in_(("queued", "running"))).order_by(LabRun.id)
+    ).first()
     return render_template(
         "labs/lab.html",
         lab=lab,
         cards=cards,
         unsynced=[qid for qid in lab.questions if qid not in synced],
+        runnable=lab_id in LABS,
+        world_sizes=lab_queue.world_sizes(),
+        active=active,
+        **_results(lab_id),
     )
+
+
+@bp.get("/<lab_id>/results")
+def results(lab_id: str):
+    lab = _lab_or_404(lab_id)
+    return render_template("labs/_results.html", lab=lab, **_results(lab_id))
+
+
+def _results(lab_id: str) -> dict[str, Any]:
+    runs = get_session().exec(
+        select(LabRun).where(LabRun.lab_id == lab_id).order_by(LabRun.id.desc()).limit(PAST_RUNS_SHOWN)
+    ).all()
+    latest = latest_lab_run(lab_id)
+    result = latest.result if latest is not None and isinstance(latest.result, dict) else None
+    return {
+        "latest": latest,
+        "result": result,
+        "charts": safe_charts(result.get("charts")) if result else [],
+        "runs": runs,
+        "aware": lab_queue.aware,
+    }
+
+
+@bp.post("/<lab_id>/runs")
+def start_run(lab_id: str):
+    if lab_id not in LABS:  # only registered labs run, whatever the catalogue lists
+        abort(404, description=f"There is no runnable lab '{lab_id[:60]}'.")
+    run = lab_queue.enqueue(get_engine(), lab_id, _world_size())
+    lab_queue.notify_queued(current_app._get_current_object())
+    if _wants_json():
+        response = jsonify(run_id=run.id, status=run.status, url=url_for("labs.run_status", run_id=run.id))
+        return response, 202, {"Location": url_for("labs.run_status", run_id=run.id)}
+    flash(f"Run #{run.id} is {run.status}: its result appears below when it is done.")
+    return redirect(url_for("labs.lab_page", lab_id=lab_id), code=303)
+
+
+def _world_size() -> int:
+    """The one parameter a run takes, from a JSON body or the form; anything else is refused."""
+    if request.is_json:
+        body = request.get_json(silent=True)
+        if not isinstance(body, dict):
+            abort(400, description="The body must be a JSON object such as {\"world_size\": 2}.")
+    else:
+        body = {key: value for key, value in request.form.items() if key != FORM_FIELD}
+    unknown = sorted(set(body) - {"world_size"})
+    if unknown:
+        abort(400, description=f"Unknown parameter(s): {', '.join(name[:40] for name in unknown[:5])}; "
+              "a lab run takes only world_size.")
+    allowed = lab_queue.world_sizes()
+    raw = body.get("world_size", allowed[0])
+    if isinstance(raw, str) and raw.strip().isascii() and raw.strip().isdigit() and len(raw.strip()) < 4:
+        raw = int(raw.strip())
+    if type(raw) is not int or raw not in allowed:  # not 2.0, not true
+        abort(400, description=f"world_size must be one of {', '.join(map(str, allowed))}, got {str(raw)[:40]!r}.")
+    return raw
+
+
+@bp.get("/runs/<int:run_id>")
+def run_status(run_id: int):
+    session = get_session()
+    run = session.get(LabRun, run_id) if run_id < 2**31 else None
+    if run is None:
+        abort(404, description=f"There is no lab run {run_id}.")
+    return jsonify(lab_queue.run_json(session, run))

@@ -1,0 +1,126 @@
+"""Run one lab in its own process group: `sharding-lab run LAB --world-size N --json`.
+
+The web process never imports torch: a lab is always a child process, started from a fixed argv
+list (no shell) built only from a registered lab id and a whole-number world size, and killed with
+its whole process group (the ranks it spawned included) when it overruns its timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sharding_lab.labs.registry import LABS  # metadata only: no torch
+
+STDERR_TAIL_CHARS = 2000  # enough for a traceback's end, small enough to store with every failure
+
+
+def default_command() -> list[str]:
+    """The lab CLI run by this very interpreter, so the child sees the same installed packages."""
+    return [sys.executable, "-m", "sharding_lab.cli"]
+
+
+def lab_argv(command: Sequence[str], lab_id: str, world_size: int) -> list[str]:
+    """The child's argv; refuses anything but a registered lab and a positive whole world size."""
+    if lab_id not in LABS:
+        raise ValueError(f"unknown lab {lab_id!r}")
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world size must be a positive whole number, got {world_size!r}")
+    return [*command, "run", lab_id, "--world-size", str(world_size), "--json"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a lab process ended: `result` (the lab's JSON) when done, `error` when failed."""
+
+    status: str  # "done" | "failed"
+    result: dict[str, Any] | None = None
+    error: str | None = None
+
+
+def run_lab_process(
+    argv: Sequence[str],
+    lab_id: str,
+    timeout_s: float,
+    *,
+    on_start: Callable[[subprocess.Popen], None] | None = None,
+) -> Outcome:
+    """Run `argv` and read its one JSON object from stdout.
+
+    A run whose claim does not hold still exits 1 with its JSON: that is a finished measurement
+    (done, holds false), not a failure. `on_start` receives the process (so a caller can stop it).
+    """
+    process = subprocess.Popen(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # Its own process group: a timeout kills the ranks it spawned too, and a Ctrl-C meant for
+        # the server does not reach it.
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    if on_start:
+        on_start(process)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_group(process)
+        stdout, stderr = _drain(process)
+        return Outcome("failed", error=f"timed out after {timeout_s:g} s; the lab's processes were stopped."
+                       + _tail(stderr))
+    if process.returncode < 0:  # killed by a signal: a shutdown stopped it, or the OS did
+        return Outcome("failed", error=f"stopped by signal {-process.returncode}." + _tail(stderr))
+    result = _parse(stdout)
+    if result is None:
+        return Outcome("failed", error=f"exit status {process.returncode}, no JSON result." + _tail(stderr))
+    if result.get("lab") != lab_id:
+        return Outcome("failed", error=f"the result names lab {result.get('lab')!r}, not {lab_id!r}.")
+    return Outcome("done", result=result)
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL the process and everything in its group, while its leader is unreaped (so the group id
+    cannot have been reused)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _drain(process: subprocess.Popen) -> tuple[str, str]:
+    try:
+        return process.communicate(timeout=10)
+    except subprocess.TimeoutExpired:  # something outside the group holds the pipes open
+        process.kill()
+        process.wait()
+        return "", ""
+
+
+def _parse(stdout: str) -> dict[str, Any] | None:
+    # The CLI prints exactly one JSON object on its last line; anything else is no result.
+    lines = stdout.strip().splitlines()
+    if not lines:
+        return None
+    try:
+        result = json.loads(lines[-1])
+    except ValueError:
+        return None
+    return result if isinstance(result, dict) else None
+
+
+def _tail(stderr: str | None) -> str:
+    # Torch's warnings repeat once per rank; the last lines say what went wrong.
+    text = (stderr or "").strip()
+    if not text:
+        return ""
+    if len(text) > STDERR_TAIL_CHARS:
+        text = "…" + text[-STDERR_TAIL_CHARS:]
+    return "\nstderr:\n" + text
