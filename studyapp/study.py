@@ -265,8 +265,10 @@ def grade(
     quality: int,
     now: datetime,
     settings: StudySettings,
+    duration_ms: int | None = None,
 ) -> GradeResult:
-    """Record the learner's answer `choice` and grade `quality` for the card as shown at `version`.
+    """Record the learner's answer `choice` and grade `quality` for the card as shown at `version`
+    (`duration_ms`: how long answering took, if known).
 
     The server decides correctness from the choice; a wrong answer takes 0..2, a right one 3..5.
     Submitting the same showing again returns the first result and changes nothing.
@@ -286,6 +288,7 @@ def grade(
     try:
         today = study_day(now, settings)
         log = _review_log(card, sid, choice, quality, as_utc(now), today)
+        log["duration_ms"] = duration_ms
     except ReviewRejected:
         session.rollback()
         raise
@@ -357,6 +360,7 @@ def _review_log(card, sid: str, choice: int, quality: int, reviewed_at: datetime
         "after_due_day": after.due_day,
         "after_repeat_day": after.repeat_day,
         "undone_at": None,
+        "duration_ms": None,
     }
 
 

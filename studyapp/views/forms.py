@@ -14,12 +14,20 @@ def form_int(name: str, minimum: int = 0, maximum: int = MAX_ID) -> int:
     if raw is None or raw.strip() == "":
         abort(400, description=f"The form field '{name}' is missing.")
     raw = raw.strip()
-    if not raw.isascii() or not raw.isdigit() or len(raw) > 12:
+    if not raw.isascii() or not raw.isdigit() or len(raw) > max(12, len(str(maximum))):
         abort(400, description=f"The form field '{name}' must be a whole number, got {raw[:40]!r}.")
     value = int(raw)
     if not minimum <= value <= maximum:
         abort(400, description=f"The form field '{name}' must be from {minimum} to {maximum}, got {value}.")
     return value
+
+
+def optional_form_int(name: str, minimum: int = 0, maximum: int = MAX_ID) -> int | None:
+    """Like form_int, but a missing or empty field is None (a malformed one is still a 400)."""
+    raw = request.form.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    return form_int(name, minimum, maximum)
 
 
 def known_slug(raw: str, what: str) -> str:

@@ -19,9 +19,24 @@ from studyapp.study import (
     undo_last,
 )
 from studyapp.views import clock
-from studyapp.views.forms import form_int, known_slug
+from studyapp.views.forms import form_int, known_slug, optional_form_int
 
 bp = Blueprint("study", __name__, url_prefix="/study")
+
+MAX_DURATION_MS = 24 * 3600 * 1000  # a question left open longer than a day says nothing of recall
+
+
+def _now_ms() -> int:
+    return int(clock.now().timestamp() * 1000)
+
+
+def _answer_duration_ms() -> int | None:
+    """Milliseconds since the question was shown (its form's `shown_at`), if it says."""
+    shown_at = optional_form_int("shown_at", 0, 2**53)
+    if shown_at is None:
+        return None
+    elapsed = _now_ms() - shown_at
+    return elapsed if 0 <= elapsed <= MAX_DURATION_MS else None
 
 
 def _deck_filter(raw: str | None) -> Deck | None:
@@ -67,6 +82,7 @@ def show():
         progress=progress,
         settings=settings,
         can_undo=can_undo,
+        shown_at=_now_ms(),
     )
 
 
@@ -100,6 +116,7 @@ def answer():
         options=grade_options(card, correct, today),
         lab=lab_info(card.lab),
         is_repeat=card.repeat_day == today,
+        duration_ms=_answer_duration_ms(),
     )
 
 
@@ -116,6 +133,7 @@ def submit_grade():
             quality=form_int("quality", 0, 5),
             now=clock.now(),
             settings=clock.settings(),
+            duration_ms=optional_form_int("duration_ms", 0, MAX_DURATION_MS),
         )
     except ReviewRejected as rejected:
         abort(rejected.status, description=str(rejected))

@@ -1,0 +1,192 @@
+"""Alembic migrations: the newest revision is the models' schema, revision 0001 is the schema
+the app made before migrations, and upgrading a database full of reviews loses none of them.
+Every test runs on SQLite and, with STUDYAPP_TEST_POSTGRES_URL, on PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from datetime import timedelta
+from io import BytesIO
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from conftest import T0, Clock
+from review_driver import drive_reviews
+from sqlalchemy import MetaData, create_engine, inspect, select, text
+from sqlmodel import Session, SQLModel
+
+from studyapp import create_app, migrate
+from studyapp.db import get_engine, make_engine
+from studyapp.models import Card
+from studyapp.study import replayed_schedule
+from studyapp.sync import sync_bank
+
+REPO = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+
+
+def table_rows(engine, skip_columns: frozenset[str] = frozenset()) -> dict[str, list[tuple]]:
+    """Every row of every app table, in primary-key order: what an upgrade must keep."""
+    metadata = MetaData()
+    metadata.reflect(engine)
+    rows = {}
+    with engine.connect() as connection:
+        for name in sorted(migrate.APP_TABLES):
+            table = metadata.tables[name]
+            columns = [c for c in table.columns if c.name not in skip_columns]
+            rows[name] = [tuple(row) for row in connection.execute(select(*columns).order_by(*table.primary_key))]
+    return rows
+
+
+def assert_cards_replay(engine) -> None:
+    with Session(engine) as session:
+        for card in session.exec(select(Card)).scalars():
+            assert card.state == replayed_schedule(session, card.id), card.question_id
+
+
+def schema_diff(engine) -> list:
+    with engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        return compare_metadata(context, SQLModel.metadata)
+
+
+def test_the_app_builds_a_new_database_by_migrating_to_head(app):
+    engine = get_engine(app)
+    assert migrate.current_revision(engine) == migrate.head_revision() == "0002"
+    assert schema_diff(engine) == [], "the models changed without a migration: run `studyapp db revision -m ...`"
+
+
+def test_upgrading_keeps_every_review_and_downgrading_back_works(app, client, clock):
+    """Reviews (with durations) through the real pages; down to 0001 and up again: every row stays."""
+    graded = drive_reviews(client, clock, days=3)
+    engine = get_engine(app)
+    before = table_rows(engine, skip_columns=frozenset({"duration_ms"}))
+    assert len(before["reviewlog"]) == graded > 10
+    with engine.connect() as connection:
+        durations = connection.execute(text("SELECT duration_ms FROM reviewlog")).scalars().all()
+    assert all(d == 3000 for d in durations)  # the driver thinks 3 s per question
+
+    assert migrate.downgrade(engine, "0001") == "0001"
+    assert "duration_ms" not in {c["name"] for c in inspect(engine).get_columns("reviewlog")}
+    assert table_rows(engine) == before
+    assert migrate.upgrade(engine) == "0002"
+    assert table_rows(engine, skip_columns=frozenset({"duration_ms"})) == before
+    assert_cards_replay(engine)
+    assert schema_diff(engine) == []
+
+
+def test_db_commands_report_and_upgrade(app, runner):
+    engine = get_engine(app)
+    migrate.downgrade(engine, "0001")
+    result = runner.invoke(args=["db", "current"])
+    assert result.exit_code == 0 and "database at revision 0001 (head is 0002)" in result.output
+    result = runner.invoke(args=["db", "upgrade"])
+    assert result.exit_code == 0, result.output
+    assert "database at revision 0002 (head is 0002; was 0001)" in result.output
+    assert migrate.current_revision(engine) == "0002"
+
+
+def test_a_partial_schema_without_history_is_refused(database_url, tmp_path):
+    engine = make_engine(database_url)
+    with engine.begin() as connection:
+        SQLModel.metadata.tables["deck"].create(connection)
+    with pytest.raises(migrate.SchemaError, match="not card, labrun, reviewlog"):
+        migrate.upgrade(engine)
+    engine.dispose()
+
+
+# --- A database made by the app before migrations ---------------------------------------
+
+OLD_APP = """
+import json, sys
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import create_engine, text
+from sqlmodel import SQLModel
+import studyapp
+from studyapp import create_app
+from studyapp.db import get_engine
+from studyapp.sync import sync_bank
+from conftest import T0, Clock
+from review_driver import drive_reviews
+
+url, bank, instance = sys.argv[1:4]
+# 1. The schema migration 0001 built (now in the database) is what this old code's models describe.
+engine = create_engine(url)
+with engine.connect() as connection:
+    diff = compare_metadata(MigrationContext.configure(connection, opts={"compare_type": True}), SQLModel.metadata)
+    SQLModel.metadata.drop_all(connection)
+    connection.execute(text("DROP TABLE alembic_version"))
+    connection.commit()
+engine.dispose()
+# 2. The old app makes its own database from scratch and a learner fills it.
+app = create_app({"DATABASE_URL": url, "SECRET_KEY": "x", "BANK_PATH": bank, "TIMEZONE": "UTC", "CLOCK": Clock()},
+                 instance_path=instance)
+sync_bank(get_engine(app), bank)
+graded = drive_reviews(app.test_client(), app.config["CLOCK"], days=4, seed=11)
+print(json.dumps({"module": studyapp.__file__, "diff": [str(d) for d in diff], "graded": graded}))
+"""
+
+
+def pre_migrations_checkout(destination: Path) -> Path:
+    """The app's code as of the commit before migrations were added (git archive of its parent)."""
+    added = subprocess.run(
+        ["git", "log", "--format=%H", "--diff-filter=A", "--", "studyapp/migrations/versions/0001_initial_schema.py"],
+        cwd=REPO, capture_output=True, text=True,
+    ).stdout.split()
+    if not added:
+        pytest.skip("needs the git history (the commit before migrations)")
+    archive = subprocess.run(
+        ["git", "archive", f"{added[-1]}^", "studyapp", "sharding_lab"], cwd=REPO, capture_output=True, check=True
+    ).stdout
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(destination, filter="data")
+    assert not (destination / "studyapp" / "migrations").exists()
+    return destination
+
+
+def test_a_database_made_before_migrations_is_adopted_and_upgraded(database_url, bank_dir, tmp_path):
+    old_code = pre_migrations_checkout(tmp_path / "old")
+    engine = make_engine(database_url)
+    assert migrate.upgrade(engine, "0001") == "0001"
+    engine.dispose()
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(old_code), str(TESTS)])}
+    env.pop("STUDYAPP_DATABASE_URL", None)
+    done = subprocess.run(
+        [sys.executable, "-c", OLD_APP, database_url, str(bank_dir), str(tmp_path / "old-instance")],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["module"].startswith(str(old_code))  # really the old code
+    assert report["diff"] == [], "migration 0001 differs from the schema the app made before migrations"
+
+    engine = create_engine(database_url)
+    assert "alembic_version" not in inspect(engine).get_table_names()
+    before = table_rows(engine)
+    assert len(before["reviewlog"]) == report["graded"] > 10
+    engine.dispose()
+
+    app = create_app(  # the app of today, on start: stamps 0001, then upgrades
+        {"DATABASE_URL": database_url, "SECRET_KEY": "x", "BANK_PATH": str(bank_dir), "TIMEZONE": "UTC",
+         "CLOCK": Clock(T0 + timedelta(days=30))},  # a month on: cards are due again
+        instance_path=str(tmp_path / "instance"),
+    )
+    engine = get_engine(app)
+    assert migrate.current_revision(engine) == "0002"
+    assert table_rows(engine, skip_columns=frozenset({"duration_ms"})) == before
+    with engine.connect() as connection:
+        assert connection.execute(text("SELECT count(*) FROM reviewlog WHERE duration_ms IS NOT NULL")).scalar() == 0
+    assert_cards_replay(engine)
+    assert schema_diff(engine) == []
+    sync_bank(engine, bank_dir)  # and the upgraded database keeps working
+    assert drive_reviews(app.test_client(), app.config["CLOCK"], days=1, seed=3) > 0
+    assert_cards_replay(engine)
+    engine.dispose()
