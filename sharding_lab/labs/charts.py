@@ -30,12 +30,17 @@ OP_COLOURS = {
 }
 
 
-def model_states_chart(title: str, measurements: Measurements, keys: Sequence[str], rank: int = 0) -> str:
-    """Persistent parameter, gradient and optimizer bytes of one rank, a stacked bar per run."""
-    bars = [
-        svg.Bar(key, {part: read.part_bytes(measurements[key], part)[rank] for part in read.PARTS})
-        for key in keys
-    ]
+def model_states_chart(
+    title: str, measurements: Measurements, keys: Sequence[str], *, every_rank: bool = False
+) -> str:
+    """Parameter, gradient and optimizer bytes held between steps, a stacked bar per run (rank 0's),
+    or per run and rank with `every_rank` (to show how a state is split across ranks)."""
+    bars = []
+    for key in keys:
+        m = measurements[key]
+        for rank in range(len(read.ranks(m)) if every_rank else 1):
+            label = f"{key}, rank {rank}" if every_rank else key
+            bars.append(svg.Bar(label, {part: read.part_bytes(m, part)[rank] for part in read.PARTS}))
     return svg.stacked_bar_chart(title, bars, read.PARTS, colours=MEMORY_COLOURS)
 
 

@@ -391,7 +391,7 @@ def report_stage1(ms: Measurements) -> Report:
         Table(MODEL_STATES_COLUMNS, _model_states_rows(ms, keys)),
         {
             "model_states": charts.model_states_chart(
-                f"Model states per rank, DDP vs ZeRO-1 (rank 0, N={n})", ms, keys
+                f"Model states on each rank, DDP vs ZeRO-1 (N={n})", ms, keys, every_rank=True
             )
         },
     )
