@@ -58,6 +58,7 @@ _NOT_COMMUNICATION = {"wait_tensor", "barrier", "monitored_barrier_"}  # synchro
 OPS: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce", "broadcast")
 PHASES: tuple[str, ...] = ("forward", "backward", "optimizer")
 ROOT = "root"  # the name events use for the model itself
+_IS_COLLECTIVE: dict = {}  # op overload -> whether it is a c10d collective
 
 
 def ring_wire_bytes(op: str, logical_bytes: int, world_size: int) -> int | None:
@@ -151,8 +152,11 @@ class CommTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        namespace = func.namespace
-        if namespace in ("c10d", "_c10d_functional") and self._recording:
+        # Every op in the step passes through here; `func.namespace` is slow, so remember the answer.
+        is_collective = _IS_COLLECTIVE.get(func)
+        if is_collective is None:
+            is_collective = _IS_COLLECTIVE[func] = func.namespace in ("c10d", "_c10d_functional")
+        if is_collective and self._recording:
             self._record(func, args)
         return out
 
@@ -295,11 +299,13 @@ def _calling_fsdp_group() -> tuple[Any, bool]:
     group = None
     prefetch = False
     while frame is not None:
-        if group is None:
+        code = frame.f_code
+        # Only FSDPParamGroup's own methods can hold it as `self`; reading f_locals elsewhere is slow.
+        if group is None and code.co_filename.endswith("_fsdp_param_group.py") and "self" in code.co_varnames:
             candidate = frame.f_locals.get("self")
             if isinstance(candidate, FSDPParamGroup):
                 group = candidate
-        if frame.f_code.co_name in ("_prefetch_unshard", "_backward_prefetch"):
+        if code.co_name in ("_prefetch_unshard", "_backward_prefetch"):
             prefetch = True
         frame = frame.f_back
     return group, prefetch
