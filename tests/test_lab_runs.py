@@ -1,0 +1,394 @@
+"""Labs in the app: the JSON API, the queue and its worker, timeouts, restart recovery, run-all.
+
+Most tests run a fake lab CLI (tests/data/fake_sharding_lab.py) through the real subprocess path;
+test_a_real_lab_runs_end_to_end_and_the_web_process_never_imports_torch runs the real one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from sqlmodel import Session, select
+
+from sharding_lab.labs.registry import LABS
+from studyapp import create_app, lab_queue
+from studyapp.db import get_engine
+from studyapp.lab_queue import INTERRUPTED, SHUTDOWN, start_worker
+from studyapp.models import LabRun
+from studyapp.safe_svg import UnsafeSvg, clean_svg
+
+FAKE_LAB = Path(__file__).parent / "data" / "fake_sharding_lab.py"
+REPO = Path(__file__).resolve().parent.parent
+LAB = "adam-optimizer-state"  # the fastest real lab: one DDP launch at 2 ranks
+
+
+def fake_command(*options: str) -> list[str]:
+    return [sys.executable, str(FAKE_LAB), *options]
+
+
+@pytest.fixture
+def app_config(app_config: dict) -> dict:
+    return {**app_config, "LAB_COMMAND": fake_command(), "LAB_TIMEOUT_S": 30}
+
+
+@pytest.fixture
+def start(app):
+    """Start the app's worker (tests run without autostart); stopped at teardown."""
+    workers = []
+
+    def start_it():
+        workers.append(start_worker(app))
+        return workers[-1]
+
+    yield start_it
+    for worker in workers:
+        worker.stop()
+
+
+def wait_for(predicate: Callable[[], object], timeout_s: float = 30.0, what: str = "condition") -> object:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def runs(app) -> list[LabRun]:
+    with Session(get_engine(app)) as session:
+        return list(session.exec(select(LabRun).order_by(LabRun.id)).all())
+
+
+def status(client, run_id: int) -> dict:
+    response = client.get(f"/labs/runs/{run_id}")
+    assert response.status_code == 200
+    return response.get_json()
+
+
+def post_run(client, csrf_token: str, lab_id: str = LAB, **body):
+    return client.post(f"/labs/{lab_id}/runs", json=body, headers={"X-CSRF-Token": csrf_token})
+
+
+def finished(client, run_id: int, timeout_s: float = 30.0) -> dict:
+    return wait_for(lambda: (s := status(client, run_id))["status"] in ("done", "failed") and s, timeout_s, "the run")
+
+
+def process_gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie has stopped running
+    except FileNotFoundError:
+        return True
+
+
+# --- the JSON API ----------------------------------------------------------------------------
+
+
+def test_post_queues_a_run_202_and_its_status_reads_back(client, csrf_token, app):
+    response = post_run(client, csrf_token, world_size=2)
+    assert response.status_code == 202
+    run_id = response.get_json()["run_id"]
+    assert response.headers["Location"].endswith(f"/labs/runs/{run_id}")
+    body = status(client, run_id)
+    assert body["status"] == "queued" and body["result"] is None and body["queue_position"] == 0
+    assert body["lab_id"] == LAB and body["params"] == {"world_size": 2}
+    # The same run asked for again (a double click) is the same run, not a second one.
+    assert post_run(client, csrf_token, world_size=2).get_json()["run_id"] == run_id
+    assert post_run(client, csrf_token, world_size=4).get_json()["run_id"] != run_id
+    assert len(runs(app)) == 2
+
+
+def test_unknown_labs_and_runs_are_404(client, csrf_token, app):
+    for lab_id in ("not-a-lab", "ADAM-OPTIMIZER-STATE", "..%2F..", "x" * 300):
+        response = post_run(client, csrf_token, lab_id, world_size=2)
+        assert response.status_code == 404, lab_id
+        assert response.get_json()["status"] == 404
+    assert "no runnable lab 'not-a-lab'" in post_run(client, csrf_token, "not-a-lab").get_json()["error"]
+    assert client.get("/labs/runs/999").status_code == 404
+    assert client.get(f"/labs/runs/{2**40}").status_code == 404
+    assert runs(app) == []
+
+
+@pytest.mark.parametrize("world_size", [3, 1, 0, -2, 64, "two", "2; rm -rf /", 2.0, True, None, [2], "",
+                                        " 4x"])
+def test_a_world_size_outside_the_allowed_set_is_400_and_queues_nothing(client, csrf_token, app, world_size):
+    response = post_run(client, csrf_token, world_size=world_size)
+    assert response.status_code == 400
+    assert "world_size must be one of 2, 4" in response.get_json()["error"]
+    assert runs(app) == []
+
+
+def test_free_form_arguments_are_refused(client, csrf_token, app):
+    response = post_run(client, csrf_token, world_size=2, extra="--device cuda")
+    assert response.status_code == 400 and "takes only world_size" in response.get_json()["error"]
+    response = client.post(f"/labs/{LAB}/runs", data="[2]", content_type="application/json",
+                           headers={"X-CSRF-Token": csrf_token})
+    assert response.status_code == 400 and "JSON object" in response.get_json()["error"]
+    response = client.post(f"/labs/{LAB}/runs", data={"csrf_token": csrf_token, "world_size": "2", "size": "70b"})
+    assert response.status_code == 400
+    assert runs(app) == []
+
+
+def test_the_post_needs_the_csrf_token(client, csrf_token, app):
+    assert client.post(f"/labs/{LAB}/runs", json={"world_size": 2}).status_code == 400
+    assert post_run(client, "forged", world_size=2).status_code == 400
+    assert client.post(f"/labs/{LAB}/runs", data={"world_size": "2"}).status_code == 400
+    assert runs(app) == []
+
+
+def test_the_form_post_queues_and_returns_to_the_lab_page(client, csrf_token, app):
+    response = client.post(f"/labs/{LAB}/runs", data={"csrf_token": csrf_token, "world_size": "4"})
+    assert response.status_code == 303 and response.headers["Location"].endswith(f"/labs/{LAB}")
+    page = client.get(f"/labs/{LAB}").get_data(as_text=True)
+    assert "Run #1 is queued" in page and 'data-active-run="/labs/runs/1"' in page
+    assert [(run.status, run.params) for run in runs(app)] == [("queued", {"world_size": 4})]
+
+
+# --- the worker ------------------------------------------------------------------------------
+
+
+def test_runs_go_one_at_a_time_in_order_and_store_the_lab_json(client, csrf_token, app, start, tmp_path):
+    log = tmp_path / "fake.log"
+    app.config["LAB_COMMAND"] = fake_command("--sleep", "0.4", "--log", str(log))
+    lab_ids = list(LABS)[:3]
+    run_ids = [post_run(client, csrf_token, lab_id, world_size=2).get_json()["run_id"] for lab_id in lab_ids]
+    start()
+    seen_running = set()
+    while True:  # watch the queue: never two running at once
+        states = [status(client, run_id)["status"] for run_id in run_ids]
+        assert states.count("running") <= 1, states
+        seen_running |= {run_id for run_id, state in zip(run_ids, states, strict=True) if state == "running"}
+        if all(state == "done" for state in states):
+            break
+        assert "failed" not in states, [status(client, run_id) for run_id in run_ids]
+        time.sleep(0.05)
+    assert seen_running  # the watch did see runs in progress
+
+    events = [line.split() for line in log.read_text().splitlines()]
+    assert [(kind, lab) for kind, lab, *_ in events] == [(k, lab) for lab in lab_ids for k in ("start", "end")]
+    times = [float(event[3]) for event in events]
+    assert times == sorted(times)  # each ended before the next started
+    body = status(client, run_ids[0])
+    assert body["result"]["finding"] == f"fake finding for {lab_ids[0]} at 2 ranks"
+    assert body["result"]["holds"] is True and body["elapsed_s"] >= 0.4
+
+
+def test_a_claim_that_does_not_hold_is_a_done_run_and_a_crash_is_a_failed_one(client, csrf_token, app, start):
+    app.config["LAB_COMMAND"] = fake_command("--holds", "no")
+    first = post_run(client, csrf_token, world_size=2).get_json()["run_id"]
+    start()
+    body = finished(client, first)
+    assert body["status"] == "done" and body["result"]["holds"] is False
+
+    app.config["LAB_COMMAND"] = fake_command("--fail", "3")
+    second = post_run(client, csrf_token, world_size=2).get_json()["run_id"]
+    body = finished(client, second)
+    assert body["status"] == "failed"
+    assert body["error"].startswith("exit status 3, no JSON result.")
+    assert "RuntimeError: rank 1 exploded" in body["error"] and body["result"] == {"error": body["error"]}
+
+    app.config["LAB_COMMAND"] = ["/nonexistent/sharding-lab"]
+    third = post_run(client, csrf_token, world_size=2).get_json()["run_id"]
+    assert finished(client, third)["error"].startswith("could not start the lab:")
+
+
+def test_a_run_past_its_timeout_is_failed_and_its_processes_killed(client, csrf_token, app, start, tmp_path):
+    log = tmp_path / "fake.log"
+    app.config.update(LAB_TIMEOUT_S=1.5, LAB_COMMAND=fake_command("--sleep", "60", "--child", "--log", str(log)))
+    run_id = post_run(client, csrf_token, world_size=2).get_json()["run_id"]
+    started = time.monotonic()
+    start()
+    body = finished(client, run_id, timeout_s=20)
+    assert time.monotonic() - started < 15
+    assert body["status"] == "failed"
+    assert body["error"].startswith("timed out after 1.5 s; the lab's processes were stopped.")
+    assert "launching 2 ranks" in body["error"]  # the stderr tail says how far it got
+    pids = [int(line.split()[2 if line.startswith("start") else 1]) for line in log.read_text().splitlines()]
+    assert len(pids) == 2  # the fake and the grandchild it spawned, both in the run's process group
+    wait_for(lambda: all(process_gone(pid) for pid in pids), 5, "the lab's processes to end")
+
+
+def test_stopping_the_worker_kills_its_lab_and_fails_the_run(client, csrf_token, app, start, tmp_path):
+    log = tmp_path / "fake.log"
+    app.config["LAB_COMMAND"] = fake_command("--sleep", "60", "--child", "--log", str(log))
+    run_id = post_run(client, csrf_token, world_size=2).get_json()["run_id"]
+    worker = start()
+    wait_for(lambda: log.is_file() and "child" in log.read_text(), 20, "the lab to start")
+    worker.stop()
+    assert not worker.alive
+    body = status(client, run_id)
+    assert body["status"] == "failed" and body["error"] == SHUTDOWN
+    pids = [int(line.split()[-1]) for line in log.read_text().splitlines() if line.startswith("child")]
+    wait_for(lambda: all(process_gone(pid) for pid in pids), 5, "the grandchild to end")
+
+
+def test_a_restart_fails_the_run_it_cut_off_and_resumes_the_queued_ones(app, app_config, tmp_path):
+    at = datetime(2026, 3, 2, 12, 0, tzinfo=timezone.utc)
+    with Session(get_engine(app)) as session:
+        session.add(LabRun(lab_id=LAB, params={"world_size": 2}, status="running", created_at=at, started_at=at))
+        session.add(LabRun(lab_id="what-fsdp-shards", params={"world_size": 4}, status="queued", created_at=at))
+        session.add(LabRun(lab_id=LAB, params={"world_size": 2}, status="done", result={"lab": LAB}, created_at=at))
+        session.commit()
+    get_engine(app).dispose()
+
+    restarted = create_app(app_config, instance_path=str(tmp_path / "instance"))  # the same database
+    worker = start_worker(restarted)
+    try:
+        wait_for(lambda: [run.status for run in runs(restarted)] == ["failed", "done", "done"], 20, "recovery")
+    finally:
+        worker.stop()
+    cut_off, resumed, old = runs(restarted)
+    assert cut_off.error == INTERRUPTED and "server restart" in cut_off.error and cut_off.finished_at
+    assert resumed.result["finding"] == "fake finding for what-fsdp-shards at 4 ranks"
+    assert old.result == {"lab": LAB}
+    get_engine(restarted).dispose()
+
+
+def test_a_running_row_is_left_alone_while_its_runner_holds_the_lock(app, csrf_token, client):
+    # `studyapp labs run-all` in another process holds the lock while its row runs: a server
+    # starting then must wait for it, not fail its run.
+    with lab_queue.runner_lock(lab_queue.lock_path(app)):
+        run = lab_queue.enqueue(get_engine(app), LAB, 2)
+        lab_queue.claim_next(get_engine(app))
+        worker = start_worker(app)
+        time.sleep(0.5)
+        assert status(client, run.id)["status"] == "running"
+    wait_for(lambda: status(client, run.id)["status"] == "failed", 10, "recovery once the lock is free")
+    worker.stop()
+
+
+# --- the pages -------------------------------------------------------------------------------
+
+
+def test_the_lab_page_shows_the_latest_result_and_past_runs(client, csrf_token, app, start):
+    app.config["LAB_COMMAND"] = fake_command("--finding", "<script>alert(1)</script> 2.00x per rank")
+    run_id = post_run(client, csrf_token, world_size=2).get_json()["run_id"]
+    start()
+    finished(client, run_id)
+    app.config["LAB_COMMAND"] = fake_command("--fail", "1")
+    failed_id = post_run(client, csrf_token, world_size=4).get_json()["run_id"]
+    finished(client, failed_id)
+
+    page = client.get(f"/labs/{LAB}").get_data(as_text=True)
+    assert "The claim held." in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; 2.00x per rank" in page and "<script>alert" not in page
+    assert "<td>240,384</td>" in page  # the lab's table
+    assert "<svg viewBox=" in page and "<title>fake &lt;chart&gt;</title>" in page  # its chart, inline
+    assert f"<td>#{run_id}</td>" in page and f"<td>#{failed_id}</td>" in page  # both past runs
+    assert "rank 1 exploded" in page and "did not hold" not in page
+    assert client.get(f"/labs/{LAB}/results").get_data(as_text=True).strip().startswith('<section class="lab-result"')
+
+    # The card's lab box (question page, answer view) carries the measured finding and the link.
+    question = client.get("/questions/beta-adam").get_data(as_text=True)
+    assert "Measured: the claim held." in question and f'href="/labs/{LAB}"' in question
+
+
+def test_a_chart_with_anything_but_drawing_is_not_shown(client, csrf_token, app, start):
+    app.config["LAB_COMMAND"] = fake_command("--chart", "<svg><rect onload='alert(1)'/></svg>")
+    run_id = post_run(client, csrf_token, world_size=2).get_json()["run_id"]
+    start()
+    assert finished(client, run_id)["status"] == "done"
+    page = client.get(f"/labs/{LAB}").get_data(as_text=True)
+    assert "onload" not in page and "Chart “memory” not shown" in page
+
+
+@pytest.mark.parametrize("svg", [
+    "<svg><script>alert(1)</script></svg>",
+    "<svg><a href='javascript:alert(1)'><text>x</text></a></svg>",
+    "<svg><rect fill='url(https://evil.example/x)'/></svg>",
+    "<svg><foreignObject><p>x</p></foreignObject></svg>",
+    "<!DOCTYPE svg [<!ENTITY a 'aaaa'>]><svg><text>&a;</text></svg>",
+    "<svg><text><![CDATA[</text><script>alert(1)</script>]]></text></svg>",
+    "<div>not svg</div>",
+    "<svg><text>unclosed</svg>",
+])
+def test_clean_svg_refuses_anything_but_a_plain_chart(svg):
+    with pytest.raises(UnsafeSvg):
+        clean_svg(svg)
+
+
+def test_clean_svg_keeps_a_real_chart_with_its_tooltips_and_escaping():
+    from sharding_lab import svg
+
+    chart = svg.stacked_bar_chart("Bytes <per> rank", [svg.Bar("ddp & co", {"params": 2048.0})], ["params"])
+    cleaned = str(clean_svg(chart))
+    assert cleaned.startswith("<svg viewBox=") and cleaned.count("<title>") >= 2
+    assert "Bytes &lt;per&gt; rank" in cleaned and "ddp &amp; co" in cleaned and "<per>" not in cleaned
+
+
+# --- the CLI and the export ------------------------------------------------------------------
+
+
+def test_labs_run_all_stores_every_lab_and_export_anki_uses_the_results(app, runner, tmp_path):
+    result = runner.invoke(args=["labs", "run-all", "--world-size", "4"])
+    assert result.exit_code == 0, result.output
+    assert f"{len(LABS)} of {len(LABS)} claims held" in result.output
+    stored = runs(app)
+    assert [run.lab_id for run in stored] == list(LABS)
+    assert all(run.status == "done" and run.params == {"world_size": 4} and run.finished_at for run in stored)
+
+    from studyapp.anki_export import ALL_DECKS_FILE, read_package
+
+    exported = runner.invoke(args=["export-anki", "--out", str(tmp_path / "anki")])
+    assert exported.exit_code == 0, exported.output
+    assert f"lab results: {len(LABS)} from the database" in exported.output
+    fields = [" ".join(note.fields) for note in read_package(tmp_path / "anki" / ALL_DECKS_FILE).notes.values()]
+    assert any(f"fake finding for {LAB} at 4 ranks" in text for text in fields)
+
+
+def test_labs_run_all_exits_1_and_says_which_failed(app, runner):
+    app.config["LAB_COMMAND"] = fake_command("--fail", "2")
+    result = runner.invoke(args=["labs", "run-all"])
+    assert result.exit_code == 1
+    assert f"0 of {len(LABS)} claims held" in result.output and "FAILED: exit status 2" in result.output
+    assert {run.status for run in runs(app)} == {"failed"}
+    assert runner.invoke(args=["labs", "run-all", "--world-size", "3"]).exit_code == 2
+
+
+# --- a real lab --------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_real_lab_runs_end_to_end_and_the_web_process_never_imports_torch(tmp_path):
+    """The real `sharding-lab` through the app's queue and subprocess, in a fresh interpreter so that
+    torch imported by other tests cannot hide an import by the app."""
+    script = f"""
+import json, re, sys, time
+from studyapp import create_app
+from studyapp.lab_queue import start_worker
+app = create_app({{"DATABASE_URL": "sqlite:///{tmp_path / 'db.sqlite3'}", "SECRET_KEY": "x", "TESTING": True,
+                  "LAB_TIMEOUT_S": 240}}, instance_path={str(tmp_path / 'instance')!r})
+client = app.test_client()
+token = re.search(r'name="csrf-token" content="([^"]+)"', client.get("/labs/{LAB}").get_data(as_text=True))[1]
+response = client.post("/labs/{LAB}/runs", json={{"world_size": 2}}, headers={{"X-CSRF-Token": token}})
+assert response.status_code == 202, response.get_data(as_text=True)
+worker = start_worker(app)
+started = time.monotonic()
+while (body := client.get(response.json["url"]).json)["status"] not in ("done", "failed"):
+    time.sleep(0.2)
+page = client.get("/labs/{LAB}").get_data(as_text=True)
+worker.stop()
+print(json.dumps({{"body": body, "seconds": time.monotonic() - started, "page_has_chart": "<svg viewBox" in page,
+                  "torch": sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))}}))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "STUDYAPP_DATABASE_URL"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    body = report["body"]
+    assert body["status"] == "done", body.get("error")
+    result = body["result"]
+    assert result["lab"] == LAB and result["holds"] is True and "2.00x" in result["finding"]
+    assert result["config"]["world_size"] == 2 and result["config"]["backend"] == "gloo"
+    assert report["page_has_chart"]
+    assert report["torch"] == []  # the lab ran torch in its own processes, never in the web one
+    print(f"real lab through the app: {report['seconds']:.1f} s")
