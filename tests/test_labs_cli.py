@@ -22,7 +22,8 @@ def test_list_json_prints_every_lab_once(capsys):
     listing = json.loads(out)  # exactly one JSON object
     assert [lab["id"] for lab in listing["labs"]] == [info.id for info in CATALOG]
     first = listing["labs"][0]
-    assert set(first) >= {"id", "title", "claim", "questions", "command"}
+    assert set(first) >= {"id", "title", "claim", "questions", "command", "runs"}
+    assert {run["strategy"] for run in first["runs"]} == {"ddp", "zero3"}  # what-fsdp-shards compares them
     assert first["command"] == f"sharding-lab run {first['id']}"
 
 
