@@ -55,8 +55,8 @@ def run_labs(
         launch_seconds = sum(seconds[n] for n in {spec.world_size for spec in specs[lab.id]})
         runs.append(evaluate(lab, world_size, specs[lab.id], measurements, launch_seconds))
         if on_progress:
-            runs_text = "holds" if runs[-1]["holds"] else "DOES NOT HOLD"
-            on_progress(f"{lab.id}: {runs_text}")
+            verdict = "holds" if runs[-1]["holds"] else "DOES NOT HOLD"
+            on_progress(f"{lab.id}: {verdict}")
     return runs
 
 
