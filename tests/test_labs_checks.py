@@ -233,3 +233,16 @@ def test_labs_hold_at_three_ranks_where_fsdp_pads_uneven_dims():
         measurements = {spec.key: measured[spec.engine_config] for spec in lab_specs}
         verdict = LABS[lab_id].check(measurements)
         assert verdict.holds, f"{lab_id}:\n" + "\n".join(verdict.reasons)
+
+
+@pytest.mark.gpu
+def test_prefetch_overlap_on_two_gpus_reports_the_profilers_overlap():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices (NCCL, one GPU per rank)")
+    from sharding_lab.labs import run_lab
+
+    run = run_lab("prefetch-overlap", 2, device="cuda")
+    assert run["holds"] is True, "\n".join(run["reasons"])
+    assert run["config"]["backend"] == "nccl"
+    assert "the profiler saw" in run["finding"]
