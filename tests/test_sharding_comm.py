@@ -10,6 +10,7 @@ from sharding_measurements import measurements
 
 from sharding_lab.comm import CommTracker, ring_wire_bytes
 from sharding_lab.model import GPT, config_for
+from sharding_lab.overlap import overlap_of
 
 
 @pytest.mark.parametrize(
@@ -24,6 +25,16 @@ from sharding_lab.model import GPT, config_for
 )
 def test_ring_wire_bytes(op, world_size, expected):
     assert ring_wire_bytes(op, 1000, world_size) == expected
+
+
+def test_overlap_is_the_part_of_communication_time_inside_compute_time():
+    comm = [(0.0, 10.0), (20.0, 30.0)]
+    compute = [(5.0, 25.0), (24.0, 26.0)]
+    result = overlap_of(comm, compute)
+    assert result["comm_kernel_us"] == 20.0 and result["compute_kernel_us"] == 21.0  # 5..26
+    assert result["overlapped_us"] == 10.0  # 5..10 and 20..25
+    assert result["overlapped_fraction_of_comm"] == 0.5 and result["overlapped"]
+    assert not overlap_of([(0.0, 1.0)], [(2.0, 3.0)])["overlapped"]
 
 
 @pytest.fixture(scope="module")

@@ -93,3 +93,19 @@ def test_ddp_parameters_are_always_whole():
     m = measurements()["ddp"]
     for rank in m["memory"]["per_rank"]:
         assert rank["unsharded_params_after_forward_bytes"] == rank["params_bytes"] == 4 * m["config"]["num_params"]
+
+
+@slow
+def test_at_four_ranks_fsdp_holds_a_quarter_of_what_ddp_holds():
+    from sharding_lab.analytic import model_states_bytes_per_rank
+    from sharding_lab.measure import measure_many
+
+    # vocab 130 rows split 33, 33, 33, 31: the last rank's shard is short, and FSDP pads it.
+    runs = [{"strategy": s, "model_overrides": {"vocab_size": 130}, "timed_steps": 1} for s in ("zero3", "ddp")]
+    zero3, ddp = measure_many(runs, 4, timeout_s=300)
+    psi, padded = zero3["config"]["num_params"], zero3["config"]["padded_num_params"]
+    stage3 = model_states_bytes_per_rank(psi, 4, "zero3", padded_num_params=padded)["total"]
+    assert [r["model_states_bytes"] + r["padding_bytes"] for r in zero3["memory"]["per_rank"]] == [stage3] * 4
+    assert [r["padding_elements"] for r in zero3["memory"]["per_rank"]] == [0, 0, 0, 2 * 2 * 32]
+    assert [r["model_states_bytes"] for r in ddp["memory"]["per_rank"]] == [16 * psi] * 4
+    assert stage3 * 4 == 16 * padded
