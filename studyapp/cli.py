@@ -17,6 +17,7 @@ from sharding_lab.catalog import lab_info
 from studyapp.anki_export import export_anki_command
 from studyapp.bank import BankError, load_bank, quiz_to_yaml
 from studyapp.db import get_engine
+from studyapp.history import export_history_command, import_history_command
 from studyapp.lab_queue import labs_group, start_worker
 from studyapp.migrate import db_group
 from studyapp.sync import SyncReport, sync_bank
@@ -97,6 +98,8 @@ COMMANDS = (
     export_anki_command,
     labs_group,
     db_group,
+    export_history_command,
+    import_history_command,
 )
 
 

@@ -17,37 +17,17 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from conftest import T0, Clock
+from db_checks import assert_cards_replay, table_rows
 from review_driver import drive_reviews
-from sqlalchemy import MetaData, create_engine, inspect, select, text
-from sqlmodel import Session, SQLModel
+from sqlalchemy import create_engine, inspect, text
+from sqlmodel import SQLModel
 
 from studyapp import create_app, migrate
 from studyapp.db import get_engine, make_engine
-from studyapp.models import Card
-from studyapp.study import replayed_schedule
 from studyapp.sync import sync_bank
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
-
-
-def table_rows(engine, skip_columns: frozenset[str] = frozenset()) -> dict[str, list[tuple]]:
-    """Every row of every app table, in primary-key order: what an upgrade must keep."""
-    metadata = MetaData()
-    metadata.reflect(engine)
-    rows = {}
-    with engine.connect() as connection:
-        for name in sorted(migrate.APP_TABLES):
-            table = metadata.tables[name]
-            columns = [c for c in table.columns if c.name not in skip_columns]
-            rows[name] = [tuple(row) for row in connection.execute(select(*columns).order_by(*table.primary_key))]
-    return rows
-
-
-def assert_cards_replay(engine) -> None:
-    with Session(engine) as session:
-        for card in session.exec(select(Card)).scalars():
-            assert card.state == replayed_schedule(session, card.id), card.question_id
 
 
 def schema_diff(engine) -> list:
@@ -114,6 +94,7 @@ from studyapp import create_app
 from studyapp.db import get_engine
 from studyapp.sync import sync_bank
 from conftest import T0, Clock
+from db_checks import assert_cards_replay, table_rows
 from review_driver import drive_reviews
 
 url, bank, instance = sys.argv[1:4]

@@ -1,0 +1,479 @@
+"""The whole review log as a portable file (CSV or JSON), and back: a backup, and the way to
+move the history to another scheduler (FSRS wants card id, time in UTC, rating, duration).
+
+Each row names its card by the bank's stable question id, never by a database id, so a file
+restores into any database that has synced the same bank. Import checks the whole file first
+and writes nothing if anything is wrong; a review already present (same submission id) is
+skipped, so importing twice changes nothing. After an import every card's schedule equals the
+replay of its log, as after a review.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import re
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import date, datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import click
+from flask import current_app
+from flask.cli import with_appcontext
+from sqlalchemy.engine import Engine
+from sqlmodel import Session, select
+
+from studyapp import sm2
+from studyapp.models import Card, ReviewLog
+from studyapp.study import replayed_schedule
+
+FORMAT_NAME = "studyapp-review-history"
+FORMAT_VERSION = 1
+MAX_PROBLEMS = 20  # enough to see the pattern of a broken file without flooding the terminal
+SUBMISSION_ID = re.compile(r"^card(\d+)-v(\d+)$")
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    kind: str  # text | int | float | bool | date | datetime
+    nullable: bool = False
+    minimum: float | None = None
+    maximum: float | None = None
+
+
+# The file's columns, in order. Schedules are SM-2's (repetitions, easiness, interval in days).
+FIELDS = (
+    Field("submission_id", "text"),
+    Field("question_id", "text"),
+    Field("deck_id", "text"),
+    Field("reviewed_at", "datetime"),  # UTC
+    Field("study_day", "date"),  # the learner's day (it rolls over at DAY_START_HOUR local time)
+    Field("quality", "int", minimum=0, maximum=5),
+    Field("choice", "int", minimum=0, maximum=99),  # index in the bank's order of choices
+    Field("choice_text", "text"),  # what the learner chose, as the bank worded it at export time
+    Field("correct", "bool"),
+    Field("is_repeat", "bool"),  # a step-7 same-day repeat: changes no schedule
+    Field("was_new", "bool"),
+    Field("undone", "bool"),
+    Field("undone_at", "datetime", nullable=True),
+    Field("duration_ms", "int", nullable=True, minimum=0, maximum=2**31 - 1),
+    Field("before_repetitions", "int", minimum=0, maximum=2**31 - 1),
+    Field("before_easiness", "float", minimum=sm2.MIN_EASINESS, maximum=100),
+    Field("before_interval", "int", minimum=0, maximum=2**31 - 1),
+    Field("before_due_day", "date", nullable=True),
+    Field("before_repeat_day", "date", nullable=True),
+    Field("before_last_reviewed_at", "datetime", nullable=True),
+    Field("after_repetitions", "int", minimum=0, maximum=2**31 - 1),
+    Field("after_easiness", "float", minimum=sm2.MIN_EASINESS, maximum=100),
+    Field("after_interval", "int", minimum=0, maximum=2**31 - 1),
+    Field("after_due_day", "date", nullable=True),
+    Field("after_repeat_day", "date", nullable=True),
+)
+FIELD_NAMES = tuple(f.name for f in FIELDS)
+_LOG_COLUMNS = [f.name for f in FIELDS if f.name not in {"question_id", "deck_id", "choice_text", "undone"}]
+
+
+class HistoryError(ValueError):
+    """A history file refused; `problems` each name the file, the row and the field."""
+
+    def __init__(self, problems: list[str]):
+        shown = problems[:MAX_PROBLEMS]
+        more = f"\n  ... and {len(problems) - MAX_PROBLEMS} more" if len(problems) > MAX_PROBLEMS else ""
+        super().__init__("the history file was refused; nothing was imported:\n  " + "\n  ".join(shown) + more)
+        self.problems = problems
+
+
+# --- Export -----------------------------------------------------------------------------
+
+
+def history_rows(engine: Engine) -> list[dict[str, Any]]:
+    """Every review ever logged (undone ones included), oldest first, as FIELDS-keyed dicts."""
+    with Session(engine) as session:
+        pairs = session.exec(select(ReviewLog, Card).join(Card, Card.id == ReviewLog.card_id).order_by(ReviewLog.id)).all()
+    rows = []
+    for log, card in pairs:
+        row = {name: getattr(log, name) for name in _LOG_COLUMNS}
+        choice_text = card.choices[log.choice] if 0 <= log.choice < len(card.choices) else ""
+        row.update(question_id=card.question_id, deck_id=card.deck_id, choice_text=choice_text, undone=log.undone_at is not None)
+        rows.append({name: row[name] for name in FIELD_NAMES})
+    return rows
+
+
+def _to_text(value: Any) -> Any:
+    """A value as the file stores it: ISO dates and times, UTC with an offset; JSON keeps numbers and booleans."""
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc).isoformat()
+    if isinstance(value, date):
+        return value.isoformat()
+    return value
+
+
+def render_history(rows: list[dict[str, Any]], fmt: str) -> str:
+    """The file's text: `fmt` is "csv" (a header, then one line per review) or "json"."""
+    if fmt == "json":
+        reviews = [{k: _to_text(v) for k, v in row.items()} for row in rows]
+        document = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "fields": list(FIELD_NAMES), "reviews": reviews}
+        return json.dumps(document, indent=1, ensure_ascii=False) + "\n"
+    if fmt != "csv":
+        raise ValueError(f"unknown format {fmt!r}: csv or json")
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(FIELD_NAMES)
+    for row in rows:
+        values = [_to_text(row[name]) for name in FIELD_NAMES]
+        writer.writerow(["" if v is None else ("true" if v is True else "false" if v is False else v) for v in values])
+    return out.getvalue()
+
+
+# --- Parsing ----------------------------------------------------------------------------
+
+
+def _parse_value(field: Field, raw: Any, from_csv: bool) -> Any:
+    """The typed value of one field; raises ValueError with a reason a person can act on."""
+    if raw is None or (from_csv and raw == ""):
+        if field.nullable:
+            return None
+        raise ValueError("is empty; a value is required")
+    kind = field.kind
+    if kind == "text":
+        if not isinstance(raw, str) or not raw.strip():
+            raise ValueError(f"must be non-empty text, got {raw!r:.60}")
+        return raw
+    if kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        if from_csv and raw in ("true", "false"):
+            return raw == "true"
+        raise ValueError(f"must be true or false, got {raw!r:.60}")
+    if kind in ("int", "float"):
+        value = _number(raw, kind, from_csv)
+        if (field.minimum is not None and value < field.minimum) or (field.maximum is not None and value > field.maximum):
+            raise ValueError(f"must be from {field.minimum} to {field.maximum}, got {value}")
+        return value
+    if not isinstance(raw, str):
+        raise ValueError(f"must be an ISO 8601 {kind} string, got {raw!r:.60}")
+    example = "2026-03-02" if kind == "date" else "2026-03-02T12:00:00+00:00"
+    try:
+        if kind == "date":
+            if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", raw):
+                raise ValueError
+            return date.fromisoformat(raw)
+        value = datetime.fromisoformat(raw)
+    except ValueError:
+        raise ValueError(f"must be an ISO 8601 {kind} such as {example}, got {raw!r:.60}") from None
+    if value.tzinfo is None:
+        raise ValueError(f"must carry its UTC offset (+00:00), got {raw!r:.60}")
+    return value.astimezone(timezone.utc)
+
+
+def _number(raw: Any, kind: str, from_csv: bool) -> int | float:
+    if from_csv and isinstance(raw, str):
+        try:
+            raw = int(raw) if kind == "int" and re.fullmatch(r"-?\d{1,12}", raw) else float(raw) if kind == "float" else None
+        except ValueError:
+            raw = None
+    if isinstance(raw, bool) or raw is None:
+        raise ValueError(f"must be {'a whole number' if kind == 'int' else 'a number'}")
+    if kind == "int" and isinstance(raw, int):
+        return raw
+    if kind == "float" and isinstance(raw, (int, float)) and math.isfinite(raw):
+        return float(raw)
+    raise ValueError(f"must be {'a whole number' if kind == 'int' else 'a finite number'}, got {raw!r:.60}")
+
+
+@dataclass
+class Record:
+    where: str  # "FILE:LINE" (CSV) or "FILE: review #N" (JSON), for messages
+    values: dict[str, Any]
+
+
+def _records_from_csv(text: str, name: str, problems: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header = next(reader, None)
+    if header is None:
+        problems.append(f"{name}:1: the file is empty; expected a header line: {','.join(FIELD_NAMES)}")
+        return []
+    missing = [f for f in FIELD_NAMES if f not in header]
+    unknown = [f for f in header if f not in FIELD_NAMES]
+    if missing or unknown or len(set(header)) != len(header):
+        problems.append(f"{name}:1: the header must name each of these once: {','.join(FIELD_NAMES)}"
+                        + (f"; missing {', '.join(missing)}" if missing else "") + (f"; unknown {', '.join(unknown)}" if unknown else ""))
+        return []
+    records = []
+    for cells in reader:
+        where = f"{name}:{reader.line_num}"
+        if len(cells) != len(header):
+            problems.append(f"{where}: expected {len(header)} fields, got {len(cells)}")
+            continue
+        records.append((where, dict(zip(header, cells, strict=True))))
+    return records
+
+
+def _records_from_json(text: str, name: str, problems: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        problems.append(f"{name}:{error.lineno}: not valid JSON: {error.msg}")
+        return []
+    if not isinstance(document, dict) or document.get("format") != FORMAT_NAME:
+        problems.append(f"{name}:1: field 'format': not a studyapp review history (expected \"format\": \"{FORMAT_NAME}\")")
+        return []
+    if document.get("version") != FORMAT_VERSION:
+        problems.append(f"{name}:1: field 'version': this app reads version {FORMAT_VERSION}, got {document.get('version')!r:.40}")
+        return []
+    reviews = document.get("reviews")
+    if not isinstance(reviews, list):
+        problems.append(f"{name}:1: field 'reviews': must be a list of reviews")
+        return []
+    records = []
+    for number, review in enumerate(reviews, start=1):
+        where = f"{name}: review #{number}"
+        if not isinstance(review, dict):
+            problems.append(f"{where}: must be an object with the fields {', '.join(FIELD_NAMES)}")
+            continue
+        if unknown := sorted(set(review) - set(FIELD_NAMES)):
+            problems.append(f"{where}: field '{unknown[0]}': unknown field")
+            continue
+        if missing := [f for f in FIELD_NAMES if f not in review]:
+            problems.append(f"{where}: field '{missing[0]}': missing")
+            continue
+        records.append((where, review))
+    return records
+
+
+def parse_history(text: str, name: str, fmt: str | None = None) -> list[Record]:
+    """Every review in the file, typed and checked on its own. Raises HistoryError naming each problem."""
+    fmt = fmt or ("json" if text.lstrip().startswith("{") else "csv")
+    problems: list[str] = []
+    raw_records = (_records_from_json if fmt == "json" else _records_from_csv)(text, name, problems)
+    records: list[Record] = []
+    seen: dict[str, str] = {}
+    for where, raw in raw_records:
+        values: dict[str, Any] = {}
+        for field in FIELDS:
+            try:
+                values[field.name] = _parse_value(field, raw[field.name], from_csv=fmt == "csv")
+            except ValueError as error:
+                problems.append(f"{where}: field '{field.name}': {error}")
+        if len(values) != len(FIELDS):
+            continue
+        problems.extend(f"{where}: {problem}" for problem in _record_problems(values))
+        sid = values["submission_id"]
+        if sid in seen:
+            problems.append(f"{where}: field 'submission_id': '{sid}' repeats {seen[sid]}")
+        seen.setdefault(sid, where)
+        records.append(Record(where, values))
+    if problems:
+        raise HistoryError(problems)
+    return records
+
+
+def _record_problems(values: dict[str, Any]) -> list[str]:
+    """What makes a well-typed row impossible for this app to have written."""
+    problems = []
+    if not SUBMISSION_ID.match(values["submission_id"]):
+        problems.append(f"field 'submission_id': must look like card12-v3, got {values['submission_id']!r:.60}")
+    allowed = (3, 4, 5) if values["correct"] else (0, 1, 2)
+    if values["quality"] not in allowed:
+        problems.append(f"field 'quality': a {'right' if values['correct'] else 'wrong'} answer is graded "
+                        f"{allowed[0]} to {allowed[-1]}, got {values['quality']}")
+    if values["undone"] != (values["undone_at"] is not None):
+        problems.append("field 'undone_at': must be set exactly when 'undone' is true")
+    before = sm2.SM2State(values["before_repetitions"], values["before_easiness"], values["before_interval"])
+    after = sm2.SM2State(values["after_repetitions"], values["after_easiness"], values["after_interval"])
+    if not problems:
+        # A step-7 repeat changes no schedule; any other grade moves it by SM-2.
+        expected = before if values["is_repeat"] else sm2.review(before, values["quality"])
+        if after != expected:
+            problems.append(f"fields 'after_*': quality {values['quality']} from {before} leads to {expected} "
+                            f"under SM-2, not {after}")
+    return problems
+
+
+def _chain_problems(records: list[Record]) -> list[str]:
+    """Each card's live reviews must follow on: each starts from the schedule the one before left
+    (a new card's from SM-2's start). A gap means a review is missing from the file."""
+    problems = []
+    left: dict[str, sm2.SM2State] = {}
+    for record in records:
+        values = record.values
+        if values["undone"]:
+            continue
+        before = sm2.SM2State(values["before_repetitions"], values["before_easiness"], values["before_interval"])
+        expected = left.get(values["question_id"], sm2.NEW_CARD)
+        if before != expected:
+            problems.append(f"{record.where}: fields 'before_*': card {values['question_id']}'s previous review left "
+                            f"{expected}, but this one starts from {before} (a review is missing?)")
+        left[values["question_id"]] = sm2.SM2State(
+            values["after_repetitions"], values["after_easiness"], values["after_interval"]
+        )
+    return problems
+
+
+# --- Import -----------------------------------------------------------------------------
+
+
+@dataclass
+class ImportReport:
+    imported: int
+    already_present: int
+    cards: int
+
+    def summary(self) -> str:
+        return f"imported {self.imported} reviews ({self.already_present} already present) for {self.cards} cards"
+
+
+def import_history(engine: Engine, records: list[Record]) -> ImportReport:
+    """Add the reviews not yet present and set each touched card's schedule from its log, in one
+    transaction that is rolled back (HistoryError) if any review cannot belong in this database."""
+    with Session(engine) as session:
+        try:
+            return _import(session, records)
+        except HistoryError:
+            session.rollback()
+            raise
+
+
+def _import(session: Session, records: list[Record]) -> ImportReport:
+    cards = {card.question_id: card for card in session.exec(select(Card)).all()}
+    existing = {log.submission_id: log for log in session.exec(select(ReviewLog)).all()}
+    problems: list[str] = []
+    new_rows: list[tuple[Card, dict[str, Any]]] = []
+    for record in records:
+        values = record.values
+        card = cards.get(values["question_id"])
+        if card is None:
+            problems.append(f"{record.where}: field 'question_id': no card '{values['question_id']:.60}' in this "
+                            "database; sync the bank it came from first (`studyapp bank sync`)")
+            continue
+        if values["choice"] >= len(card.choices):
+            problems.append(f"{record.where}: field 'choice': card {card.question_id} has {len(card.choices)} choices, got {values['choice']}")
+            continue
+        present = existing.get(values["submission_id"])
+        if present is None:
+            new_rows.append((card, values))
+        elif (present.card_id, present.quality, present.reviewed_at) != (card.id, values["quality"], values["reviewed_at"]):
+            problems.append(f"{record.where}: field 'submission_id': '{values['submission_id']}' is already in this "
+                            "database as a different review")
+    in_file = {record.values["submission_id"] for record in records}
+    touched = {card.id: card for card, _ in new_rows}
+    for log in existing.values():
+        if log.card_id in touched and log.submission_id not in in_file:
+            problems.append(f"card {touched[log.card_id].question_id}: the database has review {log.submission_id}, "
+                            "which the file lacks; import into an empty database or the one the file came from")
+            touched.pop(log.card_id)
+    if not problems:
+        problems.extend(_chain_problems(records))
+    if problems:
+        raise HistoryError(problems)
+
+    for card, values in new_rows:
+        row = {name: values[name] for name in _LOG_COLUMNS}
+        session.add(ReviewLog(card_id=card.id, **row))
+    session.flush()
+    _bump_versions(session, in_file, touched)
+    for card in touched.values():
+        _restore_schedule(session, card)
+    mismatched = [card.question_id for card in touched.values() if card.state != replayed_schedule(session, card.id)]
+    if mismatched:
+        raise HistoryError([f"card {qid}: its reviews' schedules do not replay through SM-2 to the last one "
+                            "(the file was edited?)" for qid in mismatched])
+    session.commit()
+    return ImportReport(len(new_rows), len(records) - len(new_rows), len(touched))
+
+
+def _restore_schedule(session: Session, card: Card) -> None:
+    """The card's schedule after its latest live review; before its first, if all were undone."""
+    logs = session.exec(select(ReviewLog).where(ReviewLog.card_id == card.id).order_by(ReviewLog.id)).all()
+    live = [log for log in logs if log.undone_at is None]
+    if live:
+        last = live[-1]
+        card.repetitions, card.easiness, card.interval = last.after_repetitions, last.after_easiness, last.after_interval
+        card.due_day, card.repeat_day, card.last_reviewed_at = last.after_due_day, last.after_repeat_day, last.reviewed_at
+    else:
+        first = logs[0]
+        card.repetitions, card.easiness, card.interval = first.before_repetitions, first.before_easiness, first.before_interval
+        card.due_day, card.repeat_day = first.before_due_day, first.before_repeat_day
+        card.last_reviewed_at = first.before_last_reviewed_at
+    session.add(card)
+
+
+def _bump_versions(session: Session, submission_ids: set[str], touched: dict[int, Card]) -> None:
+    """Keep every card's next submission id unused. Imported ids embed the source database's card
+    ids (`card{id}-v{version}`), which may name other cards here: each card's version moves past
+    any imported id naming it. A card whose schedule changes gets a new version too (stale forms)."""
+    highest: dict[int, int] = defaultdict(lambda: -1)
+    for sid in submission_ids:
+        card_number, version = map(int, SUBMISSION_ID.match(sid).groups())
+        highest[card_number] = max(highest[card_number], version)
+    for card in session.exec(select(Card)).all():
+        version = max(card.version + (1 if card.id in touched else 0), highest[card.id] + 1)
+        if version != card.version:
+            card.version = version
+            session.add(card)
+
+
+# --- `studyapp export-history` / `import-history` ---------------------------------------
+
+
+def _engine() -> Engine:
+    from studyapp.db import get_engine
+
+    return get_engine(current_app._get_current_object())
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write via a temporary file and rename, so a crash never leaves half a backup."""
+    fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(scratch, path)
+    except BaseException:
+        Path(scratch).unlink(missing_ok=True)
+        raise
+
+
+def _format_of(path: str | None, fmt: str | None) -> str:
+    return fmt or ("json" if path and path.lower().endswith(".json") else "csv")
+
+
+@click.command("export-history")
+@click.option("--format", "fmt", type=click.Choice(["csv", "json"]), default=None, help="Default: from --out's suffix, else csv.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write here (default: print it).")
+@with_appcontext
+def export_history_command(fmt: str | None, out: str | None) -> None:
+    """Write the whole review log (every review, undone ones too) as CSV or JSON."""
+    rows = history_rows(_engine())
+    text = render_history(rows, _format_of(out, fmt))
+    if out is None:
+        click.echo(text, nl=False)
+        return
+    _write_atomically(Path(out), text)
+    click.echo(f"wrote {len(rows)} reviews to {out}", err=True)
+
+
+@click.command("import-history")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["csv", "json"]), default=None, help="Default: from the content.")
+@with_appcontext
+def import_history_command(file: str, fmt: str | None) -> None:
+    """Restore reviews from an export-history file (skipping those already present)."""
+    try:
+        text = Path(file).read_text(encoding="utf-8")
+        report = import_history(_engine(), parse_history(text, file, fmt))
+    except UnicodeDecodeError:
+        raise click.ClickException(f"{file}: not UTF-8 text; nothing was imported") from None
+    except HistoryError as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(report.summary())
+

@@ -1,0 +1,270 @@
+"""`studyapp export-history` / `import-history`: the whole review log out and back in, equal,
+idempotent, and a malformed file refused with its file, line and field named, writing nothing."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+from conftest import Clock, _empty_postgres, write_bank
+from db_checks import assert_cards_replay, table_rows
+from review_driver import drive_reviews
+from sqlmodel import Session, select
+
+from studyapp import create_app
+from studyapp.db import get_engine
+from studyapp.history import FIELD_NAMES
+from studyapp.models import Card, ReviewLog
+from studyapp.sync import sync_bank
+
+
+@pytest.fixture
+def studied(app, client, clock):
+    """The app after four days of reviews through its pages, some undone."""
+    graded = drive_reviews(client, clock, days=4, undo_every=4)
+    assert graded > 15
+    return app
+
+
+def schedules(app) -> dict[str, tuple]:
+    with Session(get_engine(app)) as session:
+        return {
+            c.question_id: (c.repetitions, c.easiness, c.interval, c.due_day, c.repeat_day, c.last_reviewed_at)
+            for c in session.exec(select(Card)).all()
+        }
+
+
+def fresh_app(app_config: dict, tmp_path: Path, bank_dir: Path, name: str):
+    """The same database URL emptied, migrated and synced again: a new install."""
+    _empty_postgres(app_config["DATABASE_URL"])
+    app = create_app(app_config, instance_path=str(tmp_path / name))
+    sync_bank(get_engine(app), bank_dir)
+    return app
+
+
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_export_then_import_into_a_new_database_round_trips(studied, runner, app_config, tmp_path, bank_dir, fmt):
+    exported = tmp_path / f"history.{fmt}"
+    result = runner.invoke(args=["export-history", "--out", str(exported)])
+    assert result.exit_code == 0, result.output
+    before = schedules(studied)
+    with Session(get_engine(studied)) as session:
+        count = len(session.exec(select(ReviewLog)).all())
+        assert any(log.undone_at for log in session.exec(select(ReviewLog)).all())
+    assert f"wrote {count} reviews" in result.output
+    get_engine(studied).dispose()
+
+    restored = fresh_app(app_config, tmp_path, bank_dir, "restored")
+    result = restored.test_cli_runner().invoke(args=["import-history", str(exported)])
+    assert result.exit_code == 0, result.output
+    assert f"imported {count} reviews (0 already present)" in result.output
+    assert schedules(restored) == before
+    assert assert_cards_replay(get_engine(restored)) == 5
+    again = restored.test_cli_runner().invoke(args=["export-history", "--format", fmt])
+    assert again.output == exported.read_text(encoding="utf-8")
+    get_engine(restored).dispose()
+
+
+def test_the_export_has_what_another_scheduler_needs(studied, runner):
+    document = json.loads(runner.invoke(args=["export-history", "--format", "json"]).output)
+    assert document["format"] == "studyapp-review-history" and document["fields"] == list(FIELD_NAMES)
+    with Session(get_engine(studied)) as session:
+        logs = session.exec(select(ReviewLog).order_by(ReviewLog.id)).all()
+        cards = {c.id: c for c in session.exec(select(Card)).all()}
+    assert len(document["reviews"]) == len(logs)
+    for row, log in zip(document["reviews"], logs, strict=True):
+        card = cards[log.card_id]
+        assert row["question_id"] == card.question_id and row["deck_id"] == card.deck_id
+        assert row["reviewed_at"] == log.reviewed_at.isoformat() and row["reviewed_at"].endswith("+00:00")
+        assert (row["quality"], row["choice"], row["correct"]) == (log.quality, log.choice, log.correct)
+        assert row["choice_text"] == card.choices[log.choice]
+        assert row["undone"] == (log.undone_at is not None) and row["duration_ms"] == 3000
+        assert (row["after_repetitions"], row["after_interval"]) == (log.after_repetitions, log.after_interval)
+    csv_rows = list(csv.DictReader(io.StringIO(runner.invoke(args=["export-history"]).output)))
+    assert [r["submission_id"] for r in csv_rows] == [r["submission_id"] for r in document["reviews"]]
+
+
+def test_importing_twice_or_into_the_source_changes_nothing(studied, runner, tmp_path):
+    exported = tmp_path / "history.csv"
+    runner.invoke(args=["export-history", "--out", str(exported)])
+    before = table_rows(get_engine(studied))
+    result = runner.invoke(args=["import-history", str(exported)])
+    assert result.exit_code == 0, result.output
+    assert f"imported 0 reviews ({len(before['reviewlog'])} already present)" in result.output
+    assert table_rows(get_engine(studied)) == before
+
+
+def test_imported_submission_ids_never_collide_with_new_reviews(app_config, tmp_path, bank_dir, studied, runner, clock):
+    """Imported ids embed the old database's card ids; the new database's next grades must not
+    be mistaken for them (same id = 'already recorded')."""
+    exported = tmp_path / "history.json"
+    runner.invoke(args=["export-history", "--out", str(exported)])
+    get_engine(studied).dispose()
+    reordered = write_reordered_bank(bank_dir)
+    restored = fresh_app(app_config, tmp_path, reordered, "restored")
+    assert restored.test_cli_runner().invoke(args=["import-history", str(exported)]).exit_code == 0
+    before = len(table_rows(get_engine(restored))["reviewlog"])
+    clock.advance(days=30)
+    graded = drive_reviews(restored.test_client(), clock, days=2, undo_every=0)
+    assert len(table_rows(get_engine(restored))["reviewlog"]) == before + graded
+    assert_cards_replay(get_engine(restored))
+    get_engine(restored).dispose()
+
+
+def write_reordered_bank(bank_dir: Path) -> Path:
+    """The same decks with beta first: every card gets another database id."""
+    folder = bank_dir.parent / "bank-reordered"
+    folder.mkdir()
+    (folder / "a-beta.yaml").write_text((bank_dir / "beta.yaml").read_text())
+    (folder / "b-alpha.yaml").write_text((bank_dir / "alpha.yaml").read_text())
+    return folder
+
+
+# --- Malformed files --------------------------------------------------------------------
+
+
+def csv_edit(column: str, value: str, line: int = 2):
+    def edit(text: str) -> str:
+        rows = list(csv.reader(io.StringIO(text)))
+        rows[line - 1][rows[0].index(column)] = value
+        out = io.StringIO()
+        csv.writer(out, lineterminator="\n").writerows(rows)
+        return out.getvalue()
+
+    return edit
+
+
+def json_edit(field: str, value, review: int = 1):
+    def edit(text: str) -> str:
+        document = json.loads(text)
+        document["reviews"][review - 1][field] = value
+        return json.dumps(document)
+
+    return edit
+
+
+def csv_rows_edit(change):
+    """An edit of the parsed CSV rows (header first) by `change(rows)`."""
+
+    def edit(text: str) -> str:
+        rows = list(csv.reader(io.StringIO(text)))
+        change(rows)
+        out = io.StringIO()
+        csv.writer(out, lineterminator="\n").writerows(rows)
+        return out.getvalue()
+
+    return edit
+
+
+def _flip_correct(rows: list[list[str]]) -> None:
+    column = rows[0].index("correct")
+    rows[2][column] = "false" if rows[2][column] == "true" else "true"
+
+
+def _regrade_a_live_review(rows: list[list[str]]) -> None:
+    """Another grade in the same band (3 for 4, 1 for 0...) on a review that counts: the
+    card's recorded schedule no longer replays."""
+    header = rows[0]
+    for row in rows[1:]:
+        if row[header.index("undone")] == "false" and row[header.index("is_repeat")] == "false":
+            quality = int(row[header.index("quality")])
+            row[header.index("quality")] = str({0: 1, 1: 0, 2: 1, 3: 4, 4: 3, 5: 4}[quality])
+            return
+    raise AssertionError("no live first-pass review to edit")
+
+
+def _drop_a_followed_review(rows: list[list[str]]) -> None:
+    """Leave out a live review of a card that has later live ones."""
+    header = rows[0]
+    question, undone = header.index("question_id"), header.index("undone")
+    live = [row for row in rows[1:] if row[undone] == "false"]
+    for index, row in enumerate(live):
+        if any(later[question] == row[question] for later in live[index + 1 :]):
+            rows.remove(row)
+            return
+    raise AssertionError("no card with two live reviews")
+
+
+def _extra_cell(rows: list[list[str]]) -> None:
+    rows[2].append("extra")
+
+
+def duplicated_row(text: str) -> str:
+    lines = text.splitlines(keepends=True)
+    return "".join(lines[:2] + [lines[1]] + lines[2:])
+
+
+# (file suffix, edit of a good export, line named, field named)
+BAD_FILES = {
+    "quality-out-of-range": ("csv", csv_edit("quality", "7"), ":2:", "quality"),
+    "quality-not-a-number": ("csv", csv_edit("quality", "five"), ":2:", "quality"),
+    "quality-contradicts-correct": ("csv", csv_rows_edit(_flip_correct), ":3:", "quality"),
+    "time-without-offset": ("csv", csv_edit("reviewed_at", "2026-03-02T12:00:00"), ":2:", "reviewed_at"),
+    "date-malformed": ("csv", csv_edit("study_day", "2026-13-45"), ":2:", "study_day"),
+    "empty-required": ("csv", csv_edit("before_interval", ""), ":2:", "before_interval"),
+    "easiness-below-sm2-floor": ("csv", csv_edit("after_easiness", "0.5"), ":2:", "after_easiness"),
+    "unknown-question": ("csv", csv_edit("question_id", "no-such-question"), ":2:", "question_id"),
+    "choice-beyond-the-card": ("csv", csv_edit("choice", "9"), ":2:", "choice"),
+    "bad-submission-id": ("csv", csv_edit("submission_id", "../../etc"), ":2:", "submission_id"),
+    "repeated-submission-id": ("csv", duplicated_row, ":3:", "submission_id"),
+    "grade-does-not-lead-to-its-schedule": ("csv", csv_rows_edit(_regrade_a_live_review), ":", "after_*"),
+    "undone-flag-without-time": ("csv", csv_edit("undone", "true"), ":2:", "undone_at"),
+    "missing-column": ("csv", lambda t: t.replace("duration_ms,", "", 1), ":1:", "missing duration_ms"),
+    "a-review-left-out": ("csv", csv_rows_edit(_drop_a_followed_review), ":", "before_*"),
+    "extra-cell": ("csv", csv_rows_edit(_extra_cell), ":3:", "fields"),
+    "json-syntax": ("json", lambda t: t[:-20], ":", "not valid JSON"),
+    "json-not-history": ("json", lambda t: '{"format": "anki", "reviews": []}', ":1:", "format"),
+    "json-wrong-type": ("json", json_edit("correct", "yes"), ": review #1", "correct"),
+    "json-unknown-field": ("json", json_edit("rating", 3), ": review #1", "rating"),
+    "json-bool-as-int": ("json", json_edit("quality", True), ": review #1", "quality"),
+}
+
+
+@pytest.fixture(scope="module")
+def good_exports(tmp_path_factory) -> dict[str, str]:
+    """A studied database's history as CSV and JSON, made once for the malformed-file cases."""
+    folder = tmp_path_factory.mktemp("good-history")
+    bank = write_bank(folder / "bank")
+    clock = Clock()
+    app = create_app({"DATABASE_URL": f"sqlite:///{folder / 'db.sqlite3'}", "SECRET_KEY": "x", "BANK_PATH": str(bank),
+                      "TIMEZONE": "UTC", "CLOCK": clock}, instance_path=str(folder / "instance"))
+    sync_bank(get_engine(app), bank)
+    drive_reviews(app.test_client(), clock, days=4, undo_every=4)
+    runner = app.test_cli_runner()
+    exports = {fmt: runner.invoke(args=["export-history", "--format", fmt]).output for fmt in ("csv", "json")}
+    get_engine(app).dispose()
+    return exports
+
+
+def test_the_good_exports_import(app, runner, tmp_path, good_exports):
+    """The unedited files the malformed cases start from do import (so each case fails by its edit)."""
+    for fmt, text in good_exports.items():
+        (tmp_path / f"good.{fmt}").write_text(text)
+        result = runner.invoke(args=["import-history", str(tmp_path / f"good.{fmt}")])
+        assert result.exit_code == 0 and "imported" in result.output, result.output
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_FILES))
+def test_a_malformed_history_file_is_refused_and_nothing_is_written(app, runner, tmp_path, good_exports, kind):
+    fmt, edit, where, field = BAD_FILES[kind]
+    bad = tmp_path / f"bad.{fmt}"
+    bad.write_text(edit(good_exports[fmt]), encoding="utf-8")
+    before = table_rows(get_engine(app))
+    result = runner.invoke(args=["import-history", str(bad)])
+    assert result.exit_code == 1, result.output
+    assert "nothing was imported" in result.output
+    assert f"{bad}{where}" in result.output and field in result.output, result.output
+    assert table_rows(get_engine(app)) == before
+
+
+def test_a_review_id_already_used_for_another_review_is_refused(studied, runner, tmp_path):
+    text = runner.invoke(args=["export-history"]).output
+    other = csv_edit("reviewed_at", "2020-01-01T00:00:00+00:00")(text)
+    (tmp_path / "other.csv").write_text(other)
+    before = table_rows(get_engine(studied))
+    result = runner.invoke(args=["import-history", str(tmp_path / "other.csv")])
+    assert result.exit_code == 1 and "already in this database as a different review" in result.output
+    assert table_rows(get_engine(studied)) == before
