@@ -29,9 +29,9 @@ def test_ring_wire_bytes(op, world_size, expected):
 
 def test_overlap_is_the_part_of_communication_time_inside_compute_time():
     comm = [(0.0, 10.0), (20.0, 30.0)]
-    compute = [(5.0, 25.0), (24.0, 26.0)]
+    compute = [(5.0, 15.0), (12.0, 25.0)]  # overlapping kernels: their union is 5..25
     result = overlap_of(comm, compute)
-    assert result["comm_kernel_us"] == 20.0 and result["compute_kernel_us"] == 21.0  # 5..26
+    assert result["comm_kernel_us"] == 20.0 and result["compute_kernel_us"] == 20.0
     assert result["overlapped_us"] == 10.0  # 5..10 and 20..25
     assert result["overlapped_fraction_of_comm"] == 0.5 and result["overlapped"]
     assert not overlap_of([(0.0, 1.0)], [(2.0, 3.0)])["overlapped"]
