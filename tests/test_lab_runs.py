@@ -392,3 +392,14 @@ print(json.dumps({{"body": body, "seconds": time.monotonic() - started, "page_ha
     assert report["page_has_chart"]
     assert report["torch"] == []  # the lab ran torch in its own processes, never in the web one
     print(f"real lab through the app: {report['seconds']:.1f} s")
+
+
+def test_the_labs_index_says_which_claims_held(client, runner, app):
+    app.config["LAB_COMMAND"] = fake_command("--holds", "no")
+    assert runner.invoke(args=["labs", "run-all"]).exit_code == 1
+    page = client.get("/labs").get_data(as_text=True)
+    assert page.count('<span class="tag">did NOT hold</span>') == len(LABS)
+    app.config["LAB_COMMAND"] = fake_command()
+    assert runner.invoke(args=["labs", "run-all"]).exit_code == 0
+    page = client.get("/labs").get_data(as_text=True)
+    assert page.count('<span class="tag">held</span>') == len(LABS) and "did NOT hold" not in page
