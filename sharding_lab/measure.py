@@ -13,6 +13,36 @@ Each configuration, on every rank:
 3. one measured step under the memory and communication trackers, phase by phase;
 4. plain timed steps for `step_time_s` (the trackers slow a step down); on CUDA one of them runs under
    the profiler to see whether communication kernels overlapped compute kernels.
+
+The measurement (all sizes in bytes):
+
+    config      strategy, world_size, size, backend, device, torch_version, prefetch, mixed_precision,
+                reshard_after_forward, num_params (Ψ), padded_num_params (after FSDP's dim-0 padding),
+                n_blocks, model (the GPTConfig), seq_len, batch_size_per_rank, steps and seed
+    memory.per_rank[]   one per rank:
+        params_bytes, grads_bytes, optimizer_bytes, model_states_bytes   exact local tensors, between steps
+        optimizer_scalar_bytes   Adam's `step` counters (outside the ZeRO model)
+        padding_elements, padding_bytes   how far this rank's shard is short of FSDP's padded shard
+        peak_bytes, persistent_bytes   tracker totals: the step's peak, and after optimizer.step()
+        categories   the peak moment by category (they add up to peak_bytes): params, grads, optimizer,
+                     activations, temporaries, all_gather_buffers, reduce_scatter_buffers, buffers,
+                     inputs, other
+        category_peaks   each category's own maximum over the step
+        unsharded_params_after_forward_bytes   gathered parameters alive when forward returns
+        unsharded_params_peak_bytes   the most gathered parameters alive at once (FSDP's copied-out
+                     parameters; a prefetched all-gather still in its buffer counts as all_gather_buffers)
+        cuda_max_memory_allocated   torch.cuda's figure on CUDA, null on CPU
+    comm        rank 0's step (every rank issues the same collectives):
+        collectives[]   seq, op, phase, module, prefetch, bytes (logical, the full buffer), wire_bytes_derived,
+                        dtype
+        totals          per op: count, bytes, wire_bytes_derived
+        bytes_per_step, wire_bytes_per_step_derived, bytes_per_step_per_rank
+        timeline[]      collectives (event "collective", with op) and module events (event e.g.
+                        "forward_start", pass "forward", edge "start", module, phase) in issue order
+    predicted   sharding_lab.analytic's model_states_bytes_per_rank and communication_bytes_per_step,
+                and where PyTorch departs from the paper
+    step_time_s (slowest rank's median plain step), step_time_s_per_rank, loss,
+    gradient_parity (with check_gradients), overlap (CUDA only)
 """
 
 from __future__ import annotations
@@ -118,7 +148,22 @@ def _predicted(config: dict) -> dict:
         "model_states_bytes_per_rank": analytic.model_states_bytes_per_rank(psi, n, strategy, padded_num_params=padded),
         "communication_bytes_per_step": analytic.communication_bytes_per_step(psi, n, strategy),
         "accounting": "fp32 Adam (4+4+8 bytes per parameter), FSDP padding included for zero2/zero3",
+        "differences": _KNOWN_DIFFERENCES.get(strategy, ""),
     }
+
+
+# Where PyTorch's implementation of a strategy departs from the paper's accounting, measured as such.
+_KNOWN_DIFFERENCES = {
+    "zero1": (
+        "ZeroRedundancyOptimizer assigns whole parameters to ranks, so optimizer bytes per rank are near, "
+        "not exactly, 8Ψ/N (they sum to 8Ψ); it all-reduces gradients (2Ψ) and broadcasts parameters (Ψ)."
+    ),
+    "zero2": (
+        "FSDP2 with reshard_after_forward=False keeps only a parameter shard between steps (stage 3's "
+        "params bytes); the full parameters exist from each block's forward to its backward."
+    ),
+    "zero3": "FSDP2 does not reshard the root after forward, so backward all-gathers the blocks only.",
+}
 
 
 # --- one rank's side -----------------------------------------------------------------------------------
