@@ -142,6 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RankFailed as failure:
         print(f"sharding-lab: {failure}", file=sys.stderr)
         return 1
+    except ValueError as error:  # a combination the engine refuses, e.g. DDP mixed precision on CPU
+        print(f"sharding-lab: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

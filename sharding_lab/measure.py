@@ -54,7 +54,7 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Any
 
-from sharding_lab.launch import RankContext, run_ranks
+from sharding_lab.launch import RankContext, run_ranks, under_torchrun
 
 DEFAULTS: dict[str, Any] = {
     "size": "tiny",
@@ -92,7 +92,10 @@ def measure_many(runs: Sequence[dict], world_size: int, *, device: str = "cpu", 
         unknown = set(run) - set(DEFAULTS) - {"strategy"}
         if unknown:
             raise ValueError(f"unknown options {sorted(unknown)}; valid: {sorted(DEFAULTS)}")
-        specs.append({**DEFAULTS, **run, "strategy": canonical_strategy(run["strategy"])})
+        spec = {**DEFAULTS, **run, "strategy": canonical_strategy(run["strategy"])}
+        if spec["mixed_precision"] and spec["strategy"] in ("ddp", "zero1") and device != "cuda" and not under_torchrun():
+            raise ValueError(f"{spec['strategy']} with mixed precision needs CUDA (DDP's mixed precision uses CUDA events)")
+        specs.append(spec)
     if on_progress:
         on_progress(f"starting {world_size} ranks for {len(specs)} configuration(s)")
     per_rank = run_ranks(_measure_on_rank, world_size, specs, device=device, timeout_s=timeout_s)

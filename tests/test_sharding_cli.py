@@ -63,6 +63,12 @@ def test_a_failed_rank_is_reported_on_stderr_with_status_1(monkeypatch, capsys):
     assert "rank 1 failed" in captured.err and "boom" in captured.err
 
 
+def test_a_refused_combination_is_a_usage_error_before_any_rank_starts(capsys):
+    assert cli.main(["measure", "--strategy", "ddp", "--mixed-precision", "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "needs CUDA" in captured.err
+
+
 @pytest.mark.slow
 def test_measure_json_is_exactly_one_object_with_the_documented_fields():
     completed = subprocess.run(
