@@ -118,7 +118,18 @@ def _init_rank(rank: int, world_size: int, local_rank: int, device_type: str, in
     return device, backend, mesh
 
 
+def _die_with_parent() -> None:
+    """Linux: have the kernel kill this rank if the parent dies, even by SIGKILL (no cleanup runs then)."""
+    if not sys.platform.startswith("linux"):
+        return
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() == 1:  # the parent was already gone before the request took effect
+        os._exit(1)
+
+
 def _rank_main(rank, world_size, init_method, device_type, timeout_s, fn, args, results, counts, labels, stack_dir):
+    _die_with_parent()
     # Stdout belongs to the parent (its --json output); a rank's prints go to stderr instead.
     os.dup2(2, 1)
     sys.stdout = sys.stderr
@@ -193,7 +204,7 @@ def _spawn_ranks(fn, world_size: int, args: tuple, device_type: str, timeout_s: 
                 target=_rank_main,
                 args=(rank, world_size, init_method, device_type, timeout_s, fn, args, results, counts, labels, stack_dir),
                 name=f"sharding-lab-rank{rank}",
-                daemon=True,  # dies with the parent even if the parent is killed before cleanup
+                daemon=True,  # terminated by multiprocessing when the parent exits normally
             )
             for rank in range(world_size)
         ]

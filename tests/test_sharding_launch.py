@@ -115,3 +115,55 @@ def test_a_rank_killed_by_a_signal_is_named():
     assert failure.value.rank == 1
     assert "signal 9" in failure.value.reason
     assert children_of_this_process() == []
+
+
+def test_ranks_die_with_a_parent_killed_without_cleanup(tmp_path):
+    import subprocess
+    import sys
+
+    # A parent that starts two hanging ranks, writes their pids, and is then SIGKILLed.
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys, multiprocessing as mp\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_sharding_launch import hang_in_rank_1\n"
+        "from sharding_lab.launch import run_ranks\n"
+        "if __name__ == '__main__':\n"
+        "    run_ranks(hang_in_rank_1, 2, timeout_s=600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.DEVNULL)
+    ranks: list[int] = []
+    deadline = time.monotonic() + 60
+    while len(ranks) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        ranks = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/stat")
+                 if _parent_of(p) == parent.pid and "resource_tracker" not in _cmdline(p.parent)]
+    assert len(ranks) == 2
+    parent.kill()
+    parent.wait()
+    time.sleep(1.0)
+    survivors = [pid for pid in ranks if Path(f"/proc/{pid}").exists() and _state(pid) != "Z"]
+    for pid in survivors:  # do not leave them running if the launcher failed to
+        os.kill(pid, signal.SIGKILL)
+    assert survivors == []
+
+
+def _parent_of(stat: Path) -> int | None:
+    try:
+        return int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError):
+        return None
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
