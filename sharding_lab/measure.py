@@ -286,10 +286,10 @@ def _measure_one(ctx: RankContext, spec: dict) -> dict:
             loss = train_step(step, comm, memory)
             memory.mark_persistent()
         comm.remove_hooks()
-    states = model_state_bytes(model, optimizer, ctx.world_size)  # grads still present: before zero_grad
+    # Read now: gradients are still present (no zero_grad yet) and the CUDA peak is this step's.
+    memory_result = {"rank": ctx.rank, **model_state_bytes(model, optimizer, ctx.world_size), **memory.result()}
 
     step_time, overlap = _time_steps(ctx, spec, train_step, step + 1)
-    memory_result = {"rank": ctx.rank, **states, **memory.result()}
     return {
         "config": {
             "backend": ctx.backend,
