@@ -1,0 +1,168 @@
+"""The app as a real server process for load and crash tests: `studyapp serve` (the real CLI
+command, werkzeug's threaded server) in a subprocess on 127.0.0.1 and a free port, HTTP clients
+that count what they send, a bank big enough to spread load, and a place to record figures."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from urllib.parse import urlencode
+
+# Builds the app with the test's instance folder and database, then runs the real `serve` command.
+SERVE = """
+import json, sys
+from flask.cli import ScriptInfo
+from studyapp import create_app
+from studyapp.cli import main
+config, instance, port = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+app = create_app(config, instance_path=instance)
+main(["serve", "--port", port], obj=ScriptInfo(create_app=lambda: app), standalone_mode=True)
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class ServerProcess:
+    """One `studyapp serve` process at a time on the same database and instance folder."""
+
+    def __init__(self, folder: Path, database_url: str, bank_dir: Path):
+        self.folder = folder
+        self.config = {"DATABASE_URL": database_url, "BANK_PATH": str(bank_dir), "TIMEZONE": "UTC"}
+        self.process: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self, timeout: float = 30) -> str:
+        port = free_port()
+        self.starts += 1
+        log = open(self.folder / f"server-{self.starts}.log", "wb")  # a file, never a pipe that can fill up
+        env = {k: v for k, v in os.environ.items() if k != "STUDYAPP_DATABASE_URL"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", SERVE, json.dumps(self.config), str(self.folder / "instance"), str(port)],
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.folder,
+        )
+        log.close()
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"the server exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                connection.request("GET", "/")
+                if connection.getresponse().status == 200:
+                    return self.url
+            except OSError:
+                time.sleep(0.1)
+        raise AssertionError(f"the server did not answer within {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return (self.folder / f"server-{self.starts}.log").read_text(errors="replace")[-3000:]
+
+    def kill(self) -> None:
+        """kill -9: no chance to finish a request, flush or close anything."""
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class Traffic:
+    """What all clients of one test sent and got back."""
+
+    def __init__(self):
+        self.sent = 0
+        self.statuses: Counter = Counter()
+        self.lock = threading.Lock()
+
+    def count(self, status: int | None = None) -> None:
+        with self.lock:
+            if status is None:
+                self.sent += 1
+            else:
+                self.statuses[status] += 1
+
+
+class Client:
+    """One browser: a session cookie and its CSRF token; counts go to a shared Traffic."""
+
+    def __init__(self, base_url: str, traffic: Traffic):
+        self.host, self.port = re.match(r"http://([^:]+):(\d+)", base_url).groups()
+        self.traffic = traffic
+        self.cookie = ""
+        page = self.request("GET", "/")[2]
+        self.token = re.search(r'name="csrf-token" content="([^"]+)"', page).group(1)
+
+    def request(self, method: str, path: str, form: dict | None = None) -> tuple[int, str, str]:
+        """(status, Location header, body). Raises OSError if the server is gone."""
+        self.traffic.count()
+        connection = http.client.HTTPConnection(self.host, int(self.port), timeout=30)
+        try:
+            headers = {"Cookie": self.cookie}
+            body = None
+            if form is not None:
+                body = urlencode({**form, "csrf_token": self.token})
+                headers["Content-Type"] = "application/x-www-form-urlencoded"
+            connection.request(method, path, body, headers)
+            response = connection.getresponse()
+            text = response.read().decode()
+        finally:
+            connection.close()
+        if cookie := response.getheader("Set-Cookie"):
+            self.cookie = cookie.split(";")[0]
+        self.traffic.count(response.status)
+        return response.status, response.getheader("Location") or "", text
+
+
+def shown_form(page: str) -> dict[str, str] | None:
+    """The question form's hidden fields (card_id, version, shown_at), or None if no card is shown."""
+    fields = dict(re.findall(r'<input type="hidden" name="(card_id|version|shown_at)" value="(\d+)">', page))
+    return fields if "card_id" in fields else None
+
+
+def write_load_bank(folder: Path, decks: int = 2, per_deck: int = 10) -> Path:
+    """Decks of simple two-choice questions (the first choice is right), enough cards to spread load."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for d in range(decks):
+        lines = [f"id: load{d}", f"title: Load deck {d}", "questions:"]
+        for q in range(per_deck):
+            lines += [
+                f"  - id: load{d}-q{q}",
+                f"    prompt: Question {q} of load deck {d}?",
+                "    choices:",
+                "      - text: Right",
+                "        correct: true",
+                "      - text: Wrong",
+                "        why_wrong: It is not right.",
+                "    explanation: The first choice is right.",
+                "    lab: what-fsdp-shards",
+                "    tags: [load]",
+            ]
+        (folder / f"load{d}.yaml").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return folder
+
+
+def record_figures(basetemp: Path, name: str, figures: dict) -> None:
+    """Print the test's figures and keep them in reliability-NAME.json under pytest's temp folder."""
+    line = json.dumps(figures, sort_keys=True)
+    print(f"RELIABILITY {name}: {line}")
+    (basetemp / f"reliability-{name}.json").write_text(line + "\n")
