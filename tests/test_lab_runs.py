@@ -203,14 +203,14 @@ def test_a_claim_that_does_not_hold_is_a_done_run_and_a_crash_is_a_failed_one(cl
 
 def test_a_run_past_its_timeout_is_failed_and_its_processes_killed(client, csrf_token, app, start, tmp_path):
     log = tmp_path / "fake.log"
-    app.config.update(LAB_TIMEOUT_S=1.5, LAB_COMMAND=fake_command("--sleep", "60", "--child", "--log", str(log)))
+    app.config.update(LAB_TIMEOUT_S=3, LAB_COMMAND=fake_command("--sleep", "60", "--child", "--log", str(log)))
     run_id = post_run(client, csrf_token, world_size=2).get_json()["run_id"]
     started = time.monotonic()
     start()
     body = finished(client, run_id, timeout_s=20)
     assert time.monotonic() - started < 15
     assert body["status"] == "failed"
-    assert body["error"].startswith("timed out after 1.5 s; the lab's processes were stopped.")
+    assert body["error"].startswith("timed out after 3 s; the lab's processes were stopped.")
     assert "launching 2 ranks" in body["error"]  # the stderr tail says how far it got
     pids = [int(line.split()[2 if line.startswith("start") else 1]) for line in log.read_text().splitlines()]
     assert len(pids) == 2  # the fake and the grandchild it spawned, both in the run's process group
