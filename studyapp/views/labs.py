@@ -93,7 +93,6 @@ def _results(lab_id: str) -> dict[str, Any]:
         "result": result,
         "charts": safe_charts(result.get("charts")) if result else [],
         "runs": runs,
-        "aware": lab_queue.aware,
     }
 
 
