@@ -6,6 +6,8 @@ To add a command, define it (a click command or an AppGroup) and list it in COMM
 
 from __future__ import annotations
 
+import signal
+import sys
 from pathlib import Path
 
 import click
@@ -40,6 +42,8 @@ def serve_command(host: str | None, port: int | None) -> None:
     app = current_app._get_current_object()
     click.echo(f"bank synced: {sync_configured_bank(app).summary()}")
     start_worker(app)  # fails runs a restart cut off, resumes queued ones
+    # A service stop (SIGTERM) exits like Ctrl-C, so atexit kills a running lab's processes too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     # Flask's app.run() refuses to run inside a `flask`-style CLI command: serve with werkzeug directly.
     run_simple(host or app.config["HOST"], port or app.config["PORT"], app, threaded=True)
 
