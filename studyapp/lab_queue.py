@@ -148,6 +148,20 @@ def queue_position(session: Session, run: LabRun) -> int:
     return session.exec(ahead).one()
 
 
+def expected_seconds(session: Session, run: LabRun) -> float | None:
+    """How long the lab's latest done run with the same parameters took: the page's "of about N s"."""
+    query = (
+        select(LabRun.params, LabRun.started_at, LabRun.finished_at)
+        .where(LabRun.lab_id == run.lab_id, LabRun.status == "done", LabRun.id != run.id)
+        .order_by(LabRun.id.desc())
+        .limit(10)  # only the small columns: this runs on every poll
+    )
+    for params, started, finished in session.exec(query).all():
+        if params == run.params and started and finished:
+            return round((finished - started).total_seconds(), 1)
+    return None
+
+
 def run_json(session: Session, run: LabRun, now: datetime | None = None) -> dict[str, Any]:
     """The JSON API's view of a run: status and, once over, the lab's JSON or {"error": ...}."""
     now = now or utcnow()
@@ -163,6 +177,8 @@ def run_json(session: Session, run: LabRun, now: datetime | None = None) -> dict
         "elapsed_s": round(((finished or now) - started).total_seconds(), 1) if started else None,
         "result": None,
     }
+    if run.status in ("queued", "running"):
+        body["expected_s"] = expected_seconds(session, run)
     if run.status == "queued":
         body["queue_position"] = queue_position(session, run)
     elif run.status == "done":

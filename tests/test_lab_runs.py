@@ -181,6 +181,13 @@ def test_runs_go_one_at_a_time_in_order_and_store_the_lab_json(client, csrf_toke
     assert body["result"]["finding"] == f"fake finding for {lab_ids[0]} at 2 ranks"
     assert body["result"]["holds"] is True and body["elapsed_s"] >= 0.4
 
+    # A second run of a lab says how long the last one took, for the page's progress line.
+    app.config["LAB_COMMAND"] = fake_command("--sleep", "5")
+    again = post_run(client, csrf_token, lab_ids[0], world_size=2).get_json()["run_id"]
+    running = wait_for(lambda: (s := status(client, again))["status"] == "running" and s, 10, "the run to start")
+    assert 0.4 <= running["expected_s"] < 5 and running["elapsed_s"] < 5 and running["result"] is None
+    assert status(client, run_ids[0]).get("expected_s") is None  # only while it waits or runs
+
 
 def test_a_claim_that_does_not_hold_is_a_done_run_and_a_crash_is_a_failed_one(client, csrf_token, app, start):
     app.config["LAB_COMMAND"] = fake_command("--holds", "no")

@@ -18,7 +18,10 @@
       const ahead = run.queue_position || 0;
       return "Run #" + run.run_id + " is queued" + (ahead ? " (" + ahead + " ahead)" : "") + "…";
     }
-    if (run.status === "running") return "Run #" + run.run_id + " is running… " + Math.round(run.elapsed_s || 0) + " s";
+    if (run.status === "running") {
+      const about = run.expected_s ? " of about " + Math.round(run.expected_s) + " s (the last run's time)" : "";
+      return "Run #" + run.run_id + " is running… " + Math.round(run.elapsed_s || 0) + " s" + about;
+    }
     if (run.status === "done") return "Run #" + run.run_id + " done in " + (run.elapsed_s || 0).toFixed(1) + " s: the claim " + (run.result && run.result.holds ? "held." : "did NOT hold.");
     return "Run #" + run.run_id + " failed: " + String(run.error || "").split("\n")[0];
   }
