@@ -22,7 +22,8 @@ def available_exports() -> set[str]:
     folder = exports_dir()
     if not folder.is_dir():
         return set()
-    return {p.name for p in folder.iterdir() if EXPORT_NAME.match(p.name) and p.is_file()}
+    # Plain files only: a symlink named like a deck could point anywhere on the machine.
+    return {p.name for p in folder.iterdir() if EXPORT_NAME.match(p.name) and p.is_file() and not p.is_symlink()}
 
 
 @bp.get("/<name>")
