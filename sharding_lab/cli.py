@@ -95,8 +95,9 @@ def _measure(runs: list[dict], args: argparse.Namespace, description: str) -> li
     from sharding_lab.launch import is_reporting_rank
     from sharding_lab.measure import measure_many
 
-    def measure() -> list[dict]:
-        return measure_many(runs, args.world_size, device=args.device, timeout_s=args.timeout)
+    def measure(on_progress=None) -> list[dict]:
+        return measure_many(runs, args.world_size, device=args.device, timeout_s=args.timeout,
+                            on_progress=on_progress)
 
     if not is_reporting_rank():
         measure()
@@ -105,8 +106,8 @@ def _measure(runs: list[dict], args: argparse.Namespace, description: str) -> li
         return measure()
     from rich.console import Console
 
-    with Console(stderr=True).status(description + " ..."):
-        return measure()
+    with Console(stderr=True).status(description + " ...") as status:
+        return measure(lambda label: status.update(f"{description}: {label}"))
 
 
 def _print_json(obj: dict) -> None:

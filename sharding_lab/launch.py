@@ -79,18 +79,20 @@ def run_ranks(
     *args: Any,
     device: str = "cpu",
     timeout_s: float = 600.0,
+    on_progress: Callable[[str], None] | None = None,
 ) -> list[Any]:
     """Run `fn(ctx, *args)` on `world_size` ranks and return their results in rank order.
 
     `fn` must be importable by name (a module-level function), because ranks are fresh processes.
     `device` is "cpu" (gloo) or "cuda" (NCCL, one GPU per rank); under torchrun the environment
-    decides and `world_size` must match WORLD_SIZE.
+    decides and `world_size` must match WORLD_SIZE. `on_progress` receives rank 0's latest
+    `ctx.mark(...)` label whenever it changes (spawned ranks only).
     """
     if under_torchrun():
         if int(os.environ["WORLD_SIZE"]) != world_size:
             raise ValueError(f"asked for {world_size} ranks but torchrun started {os.environ['WORLD_SIZE']}")
         return _run_under_torchrun(fn, args, timeout_s)
-    return _spawn_ranks(fn, world_size, args, device, timeout_s)
+    return _spawn_ranks(fn, world_size, args, device, timeout_s, on_progress)
 
 
 def is_reporting_rank() -> bool:
@@ -159,7 +161,9 @@ def _run_under_torchrun(fn, args, timeout_s: float) -> list[Any]:
     device, backend, mesh = _init_rank(rank, world_size, local_rank, device_type, "env://", timeout_s)
     try:
         result = fn(RankContext(rank, world_size, local_rank, backend, device, mesh), *args)
-        return _exchange(result, device)
+        results = _exchange(result, device)
+        dist.barrier()  # nobody tears down while a peer still talks to it
+        return results
     finally:
         dist.destroy_process_group()
 
@@ -192,7 +196,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn_ranks(fn, world_size: int, args: tuple, device_type: str, timeout_s: float) -> list[Any]:
+def _spawn_ranks(fn, world_size: int, args: tuple, device_type: str, timeout_s: float, on_progress) -> list[Any]:
     context = mp.get_context("spawn")
     results = context.Queue()
     counts = context.Array(ctypes.c_longlong, world_size, lock=False)
@@ -211,18 +215,21 @@ def _spawn_ranks(fn, world_size: int, args: tuple, device_type: str, timeout_s: 
         try:
             for process in processes:
                 process.start()
-            return _collect(processes, results, counts, labels, Path(stack_dir), timeout_s)
+            return _collect(processes, results, counts, labels, Path(stack_dir), timeout_s, on_progress)
         finally:
             _stop_all(processes)
             results.close()
             results.cancel_join_thread()
 
 
-def _collect(processes, results, counts, labels, stack_dir: Path, timeout_s: float) -> list[Any]:
+def _collect(processes, results, counts, labels, stack_dir: Path, timeout_s: float, on_progress) -> list[Any]:
     world_size = len(processes)
     done: dict[int, Any] = {}
     deadline = time.monotonic() + timeout_s
+    shown = ""
     while len(done) < world_size:
+        if on_progress and (label := _label(labels, 0)) != shown:
+            on_progress(shown := label)
         try:
             rank, status, payload = results.get(timeout=0.2)
         except queue.Empty:
@@ -232,9 +239,11 @@ def _collect(processes, results, counts, labels, stack_dir: Path, timeout_s: flo
             continue
         errors = {rank: payload} if status == "error" else {}
         if errors or _died_silently(processes, done, errors):
-            # Let the other ranks' reports (and a silent death's exit code) arrive before judging.
+            # Let the other ranks' reports (and a silent death's exit code) arrive before judging: a
+            # rank that reported its result and then died tearing down is not a failure.
             _drain(results, processes, done, errors, grace_s=1.0)
-            raise _root_cause(processes, done, errors)
+            if errors or _died_silently(processes, done, errors):
+                raise _root_cause(processes, done, errors)
         if time.monotonic() > deadline:
             _raise_hung(processes, done, counts, labels, stack_dir, timeout_s)
     return [done[rank] for rank in range(world_size)]
@@ -284,12 +293,14 @@ def _root_cause(processes, done: dict, errors: dict) -> RankFailed:
     return RankFailed(rank, f"raised an exception:\n{trace}")
 
 
+def _label(labels, rank: int) -> str:
+    """The last progress label rank `rank` recorded, "" before its first."""
+    raw = bytes(labels[rank * _LABEL_WIDTH : (rank + 1) * _LABEL_WIDTH])
+    return raw.rstrip(b"\0").decode(errors="replace")
+
+
 def _raise_hung(processes, done, counts, labels, stack_dir: Path, timeout_s: float) -> None:
     unfinished = [rank for rank in range(len(processes)) if rank not in done]
-
-    def last_label(rank: int) -> str:
-        raw = bytes(labels[rank * _LABEL_WIDTH : (rank + 1) * _LABEL_WIDTH])
-        return raw.rstrip(b"\0").decode(errors="replace") or "(not started)"
 
     # The rank that got least far is the one the others are waiting for.
     least = min(counts[rank] for rank in unfinished)
@@ -300,7 +311,7 @@ def _raise_hung(processes, done, counts, labels, stack_dir: Path, timeout_s: flo
             os.kill(processes[rank].pid, signal.SIGUSR1)  # faulthandler dumps its Python stack
     time.sleep(0.5)
     stack = (stack_dir / f"rank{culprit}.txt").read_text(errors="replace").strip()
-    progress = "; ".join(f"rank {r} at {last_label(r)!r}" for r in unfinished)
+    progress = "; ".join(f"rank {r} at {_label(labels, r) or '(not started)'!r}" for r in unfinished)
     who = "" if len(laggards) == 1 else f" (ranks {laggards} equally far; naming the first)"
     raise RankFailed(
         culprit,

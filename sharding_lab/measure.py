@@ -98,7 +98,9 @@ def measure_many(runs: Sequence[dict], world_size: int, *, device: str = "cpu", 
         specs.append(spec)
     if on_progress:
         on_progress(f"starting {world_size} ranks for {len(specs)} configuration(s)")
-    per_rank = run_ranks(_measure_on_rank, world_size, specs, device=device, timeout_s=timeout_s)
+    per_rank = run_ranks(
+        _measure_on_rank, world_size, specs, device=device, timeout_s=timeout_s, on_progress=on_progress
+    )
     return [_combine(spec, [rank_results[i] for rank_results in per_rank]) for i, spec in enumerate(specs)]
 
 
@@ -178,8 +180,8 @@ def _measure_on_rank(ctx: RankContext, specs: list[dict]) -> list[dict]:
     if ctx.device.type == "cpu":
         torch.set_num_threads(1)  # ranks share the machine's cores; oversubscription only adds noise
     results = []
-    for spec in specs:
-        results.append(_measure_one(ctx, spec))
+    for index, spec in enumerate(specs):
+        results.append(_measure_one(ctx, spec, index, len(specs)))
         torch.distributed.barrier()
     return results
 
@@ -237,14 +239,14 @@ def _batch(config, spec: dict, rank: int, step: int, device):
     return tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
 
 
-def _measure_one(ctx: RankContext, spec: dict) -> dict:
+def _measure_one(ctx: RankContext, spec: dict, index: int, count: int) -> dict:
     import torch
 
     from sharding_lab.comm import CommTracker
     from sharding_lab.memory import MemoryTracker, model_state_bytes
     from sharding_lab.parity import MIXED_PRECISION_TOLERANCE, TOLERANCE, gradient_parity
 
-    label = f"{spec['strategy']}"
+    label = f"{spec['strategy']} ({index + 1}/{count})"
     ctx.mark(f"{label}: build")
     config, model, optimizer = _build(ctx, spec)
     inner = getattr(model, "module", model)
