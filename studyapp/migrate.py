@@ -9,6 +9,8 @@ writes a new script into studyapp/migrations/versions/ from the difference to th
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
@@ -70,28 +72,38 @@ def _adopt_unversioned(connection: Connection) -> None:
         )
 
 
+@contextmanager
+def _one_migrator(connection: Connection) -> Iterator[None]:
+    """Let one process migrate at a time: app processes starting together must not both build
+    the schema. SQLite: take the write lock now, held to the commit (its DDL is transactional);
+    PostgreSQL: an advisory lock for the session."""
+    dialect = connection.dialect.name
+    if dialect == "sqlite":
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+    elif dialect == "postgresql":
+        connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _PG_LOCK_KEY})
+    try:
+        yield
+    finally:
+        if dialect == "postgresql":
+            connection.rollback()  # after a failure; a no-op after the commit
+            connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": _PG_LOCK_KEY})
+            connection.commit()
+
+
 def upgrade(engine: Engine, revision: str = "head") -> str | None:
-    """Migrate the database to `revision` (default: the newest). Returns the revision it is at."""
-    with engine.connect() as connection:
-        if connection.dialect.name == "postgresql":
-            connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _PG_LOCK_KEY})
-            connection.commit()
-        try:
-            _adopt_unversioned(connection)
-            connection.commit()
-            command.upgrade(alembic_config(connection), revision)
-            connection.commit()
-        finally:
-            if connection.dialect.name == "postgresql":
-                connection.rollback()
-                connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": _PG_LOCK_KEY})
-                connection.commit()
+    """Migrate the database to `revision` (default: the newest), all in one transaction.
+    Returns the revision it is at."""
+    with engine.connect() as connection, _one_migrator(connection):
+        _adopt_unversioned(connection)
+        command.upgrade(alembic_config(connection), revision)
+        connection.commit()
     return current_revision(engine)
 
 
 def downgrade(engine: Engine, revision: str) -> str | None:
     """Migrate back to `revision` (for testing upgrades; data in dropped columns is lost)."""
-    with engine.connect() as connection:
+    with engine.connect() as connection, _one_migrator(connection):
         command.downgrade(alembic_config(connection), revision)
         connection.commit()
     return current_revision(engine)

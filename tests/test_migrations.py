@@ -171,3 +171,42 @@ def test_a_database_made_before_migrations_is_adopted_and_upgraded(database_url,
     assert drive_reviews(app.test_client(), app.config["CLOCK"], days=1, seed=3) > 0
     assert_cards_replay(engine)
     engine.dispose()
+
+
+# --- Several processes, and failures ----------------------------------------------------
+
+MIGRATE = """
+import sys
+from studyapp import migrate
+from studyapp.db import make_engine
+print(migrate.upgrade(make_engine(sys.argv[1])))
+"""
+
+
+def test_app_processes_starting_together_migrate_once(database_url, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "STUDYAPP_DATABASE_URL"}
+    processes = [subprocess.Popen([sys.executable, "-c", MIGRATE, database_url], env=env, cwd=tmp_path,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outputs = [process.communicate(timeout=120) for process in processes]
+    assert [p.returncode for p in processes] == [0, 0, 0], [err[-2000:] for _, err in outputs]
+    assert [out.strip() for out, _ in outputs] == ["0002"] * 3
+    engine = make_engine(database_url)
+    assert schema_diff(engine) == []
+    engine.dispose()
+
+
+def test_a_migration_that_fails_leaves_the_database_as_it_was(database_url, monkeypatch):
+    engine = make_engine(database_url)
+    real_upgrade = migrate.command.upgrade
+
+    def fails_after_the_first_revision(config, revision):
+        real_upgrade(config, "0001")
+        raise RuntimeError("the power went out")
+
+    monkeypatch.setattr(migrate.command, "upgrade", fails_after_the_first_revision)
+    with pytest.raises(RuntimeError, match="power"):
+        migrate.upgrade(engine)
+    assert inspect(engine).get_table_names() == []  # all or nothing, on SQLite too
+    monkeypatch.undo()
+    assert migrate.upgrade(engine) == "0002"
+    engine.dispose()
