@@ -148,6 +148,20 @@ def queue_position(session: Session, run: LabRun) -> int:
     return session.exec(ahead).one()
 
 
+def latest_done(session: Session, lab_id: str) -> LabRun | None:
+    """The lab's latest finished run (by finish time, as export-anki picks it); None if never done."""
+    query = select(LabRun).where(LabRun.lab_id == lab_id, LabRun.status == "done")
+    return session.exec(query.order_by(LabRun.finished_at.desc(), LabRun.id.desc()).limit(1)).first()
+
+
+def latest_done_by_lab(session: Session) -> dict[str, LabRun]:
+    """latest_done for every lab, in one query."""
+    done = LabRun.status == "done"
+    last = select(LabRun.lab_id, func.max(LabRun.finished_at).label("at")).where(done).group_by(LabRun.lab_id).subquery()
+    query = select(LabRun).join(last, (LabRun.lab_id == last.c.lab_id) & (LabRun.finished_at == last.c.at)).where(done)
+    return {run.lab_id: run for run in session.exec(query.order_by(LabRun.id)).all()}
+
+
 def expected_seconds(session: Session, run: LabRun) -> float | None:
     """How long the lab's latest done run with the same parameters took: the page's "of about N s"."""
     query = (

@@ -13,7 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 from flask import Blueprint, abort, current_app, flash, jsonify, redirect, render_template, request, url_for
-from sqlalchemy import func
 from sqlmodel import select
 
 from sharding_lab.catalog import CATALOG, LabInfo, lab_info
@@ -42,18 +41,12 @@ def _lab_or_404(lab_id: str) -> LabInfo:
 @bp.app_template_global()
 def latest_lab_run(lab_id: str) -> LabRun | None:
     """The lab's latest finished (done) run: what a card's lab box and the lab page show."""
-    query = select(LabRun).where(LabRun.lab_id == lab_id, LabRun.status == "done")
-    return get_session().exec(query.order_by(LabRun.finished_at.desc(), LabRun.id.desc()).limit(1)).first()
+    return lab_queue.latest_done(get_session(), lab_id)
 
 
 @bp.get("")
 def index():
-    # Each lab's latest done run, as latest_lab_run picks it, in one query.
-    done = LabRun.status == "done"
-    last = select(LabRun.lab_id, func.max(LabRun.finished_at).label("at")).where(done).group_by(LabRun.lab_id).subquery()
-    query = select(LabRun).join(last, (LabRun.lab_id == last.c.lab_id) & (LabRun.finished_at == last.c.at)).where(done)
-    latest = {run.lab_id: run for run in get_session().exec(query.order_by(LabRun.id)).all()}
-    return render_template("labs/index.html", labs=CATALOG, latest=latest)
+    return render_template("labs/index.html", labs=CATALOG, latest=lab_queue.latest_done_by_lab(get_session()))
 
 
 @bp.get("/<lab_id>")
