@@ -16,6 +16,7 @@ RUNS: dict[str, dict] = {
     "zero2": {"strategy": "zero2", "check_gradients": True},
     "zero3": {"strategy": "zero3", "check_gradients": True},
     "zero3 no prefetch": {"strategy": "zero3", "prefetch": False},
+    "zero3 reshard off": {"strategy": "zero3", "reshard_after_forward": False},
     # vocab 129 rows do not split in two: FSDP pads wte and lm_head to 130 rows.
     "zero3 padded": {"strategy": "zero3", "model_overrides": {"vocab_size": 129}, "check_gradients": True},
     # FSDP made to sum gradients instead of averaging them: the parity check must fail.

@@ -71,6 +71,13 @@ def test_zero3_gathers_again_in_backward_for_every_block_but_not_the_root():
     assert count(m, "all_gather", "optimizer") == count(m, "reduce_scatter", "optimizer") == 0
 
 
+def test_turning_reshard_after_forward_off_makes_zero3_gather_like_zero2():
+    off, zero2 = measurements()["zero3 reshard off"], measurements()["zero2"]
+    assert off["config"]["reshard_after_forward"] is False and measurements()["zero3"]["config"]["reshard_after_forward"]
+    assert count(off, "all_gather", "backward") == 0
+    assert off["comm"]["totals"] == zero2["comm"]["totals"]
+
+
 def test_zero3_moves_the_model_three_times_less_the_root_it_does_not_regather():
     m = measurements()["zero3"]
     psi_bytes = 4 * m["config"]["num_params"]
