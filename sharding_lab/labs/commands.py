@@ -133,7 +133,12 @@ def _run_with_progress(lab_ids: list[str], world_size: int, size: str, device: s
             console.log(message)
             status.update(message)
 
-        return run_labs(lab_ids, world_size, size=size, device=device, on_progress=on_progress)
+        def on_status(message: str) -> None:
+            status.update(message)
+
+        return run_labs(
+            lab_ids, world_size, size=size, device=device, on_progress=on_progress, on_status=on_status
+        )
 
 
 def _print_runs(runs: list[dict]) -> None:

@@ -29,9 +29,12 @@ def run_lab(
     size: str = "tiny",
     device: str = "cpu",
     on_progress: Progress | None = None,
+    on_status: Progress | None = None,
 ) -> dict:
     """Measure, check and report one lab; the run JSON (see `evaluate`)."""
-    return run_labs([lab_id], world_size, size=size, device=device, on_progress=on_progress)[0]
+    return run_labs(
+        [lab_id], world_size, size=size, device=device, on_progress=on_progress, on_status=on_status
+    )[0]
 
 
 def run_labs(
@@ -41,14 +44,21 @@ def run_labs(
     size: str = "tiny",
     device: str = "cpu",
     on_progress: Progress | None = None,
+    on_status: Progress | None = None,
 ) -> list[dict]:
-    """Run several labs (all by default) with one launch per world size; their run JSONs in order."""
+    """Run several labs (all by default) with one launch per world size; their run JSONs in order.
+
+    `on_progress` hears each milestone (a launch, a lab's verdict); `on_status` also hears rank 0's
+    live position inside a launch (e.g. "zero3: step 2 backward"), for a status line.
+    """
     if world_size < 2:
         raise ValueError(f"labs compare sharded ranks: world_size must be at least 2, got {world_size}")
     labs = [get_lab(lab_id) for lab_id in (LABS if lab_ids is None else lab_ids)]
     specs = {lab.id: lab.runs(world_size) for lab in labs}
     all_specs = [spec for lab_specs in specs.values() for spec in lab_specs]
-    measured, seconds = measure_specs(all_specs, size, device=device, on_progress=on_progress)
+    measured, seconds = measure_specs(
+        all_specs, size, device=device, on_progress=on_progress, on_status=on_status
+    )
     runs = []
     for lab in labs:
         measurements = {spec.key: measured[spec.engine_config] for spec in specs[lab.id]}
@@ -61,7 +71,12 @@ def run_labs(
 
 
 def measure_specs(
-    specs: Sequence[RunSpec], size: str = "tiny", *, device: str = "cpu", on_progress: Progress | None = None
+    specs: Sequence[RunSpec],
+    size: str = "tiny",
+    *,
+    device: str = "cpu",
+    on_progress: Progress | None = None,
+    on_status: Progress | None = None,
 ) -> tuple[dict[EngineConfig, dict], dict[int, float]]:
     """Measure each distinct configuration once, one launch per world size, on `device` (cpu: gloo,
     cuda: NCCL with one GPU per rank).
@@ -83,7 +98,7 @@ def measure_specs(
         configs = [
             {"strategy": spec.strategy, "size": size, **dict(spec.options)} for spec in distinct.values()
         ]
-        results = measure_many(configs, world_size, device=device)
+        results = measure_many(configs, world_size, device=device, on_progress=on_status)
         seconds[world_size] = time.perf_counter() - started
         measured.update(zip(distinct, results, strict=True))
     return measured, seconds
