@@ -98,7 +98,7 @@ def upgrade(engine: Engine, revision: str = "head") -> str | None:
         _adopt_unversioned(connection)
         command.upgrade(alembic_config(connection), revision)
         connection.commit()
-    return current_revision(engine)
+        return MigrationContext.configure(connection).get_current_revision()
 
 
 def downgrade(engine: Engine, revision: str) -> str | None:
@@ -106,7 +106,7 @@ def downgrade(engine: Engine, revision: str) -> str | None:
     with engine.connect() as connection, _one_migrator(connection):
         command.downgrade(alembic_config(connection), revision)
         connection.commit()
-    return current_revision(engine)
+        return MigrationContext.configure(connection).get_current_revision()
 
 
 # --- `studyapp db ...` ------------------------------------------------------------------
