@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -210,3 +211,17 @@ def test_a_migration_that_fails_leaves_the_database_as_it_was(database_url, monk
     monkeypatch.undo()
     assert migrate.upgrade(engine) == "0002"
     engine.dispose()
+
+
+def test_db_revision_writes_the_next_migration_from_the_models(app, runner, tmp_path, monkeypatch):
+    """What a developer runs after changing a model: here the models are ahead of a copy of the
+    migrations that lacks 0002, so the new script must add reviewlog.duration_ms."""
+    scripts = tmp_path / "migrations"
+    shutil.copytree(migrate.MIGRATIONS_DIR, scripts, ignore=shutil.ignore_patterns("__pycache__", "0002_*"))
+    migrate.downgrade(get_engine(app), "0001")
+    monkeypatch.setattr(migrate, "MIGRATIONS_DIR", scripts)
+    result = runner.invoke(args=["db", "revision", "-m", "answer time"])
+    assert result.exit_code == 0, result.output
+    (written,) = [p for p in (scripts / "versions").glob("*.py") if not p.name.startswith("0001")]
+    source = written.read_text()
+    assert "down_revision = '0001'" in source and "add_column(sa.Column('duration_ms'" in source, source
