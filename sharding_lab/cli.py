@@ -18,11 +18,10 @@ import sys
 from collections.abc import Callable, Sequence
 
 from sharding_lab.labs.commands import register as register_labs  # list, run (no torch on import)
+from sharding_lab.strategies import STRATEGIES, STRATEGY_ALIASES
 
-# Spelled out here so that `--help` and `estimate` never import torch (sharding_lab.parallelize and
-# sharding_lab.model hold the real definitions; a test keeps the lists equal).
-STRATEGIES = ("ddp", "zero1", "zero2", "zero3")
-STRATEGY_ALIASES = ("fsdp",)
+# Spelled out so that `--help` and `estimate` never import torch (sharding_lab.model holds the real
+# definitions; a test keeps them equal).
 SIZES = ("tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "1b", "7b", "70b")
 
 

@@ -50,6 +50,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -85,7 +86,7 @@ def measure(strategy: str, world_size: int, size: str = "tiny", *, device: str =
 def measure_many(runs: Sequence[dict], world_size: int, *, device: str = "cpu", timeout_s: float = 600.0,
                  on_progress: Callable[[str], None] | None = None) -> list[dict]:
     """Measure each run (a dict with `strategy` and any DEFAULTS keys) in one launch of `world_size` ranks."""
-    from sharding_lab.parallelize import canonical_strategy
+    from sharding_lab.strategies import canonical_strategy  # no torch in the parent
 
     specs = []
     for run in runs:
@@ -206,7 +207,10 @@ def _build(ctx: RankContext, spec: dict):
             model = GPT(config)
         model, make_optimizer = parallelize(model, spec["strategy"], ctx.mesh, options)
         model.to_empty(device=ctx.device)
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            # On a CPU mesh DTensor fills each local shard from this rank's own generator (it warns
+            # so): the values differ from an unsharded init, but they are GPT-2's distribution.
+            warnings.filterwarnings("ignore", message="DTensor random operators")
             model.init_weights()
         if spec["gradient_divide_factor"] is not None:
             _set_gradient_divide_factor(model, spec["gradient_divide_factor"])
@@ -296,7 +300,7 @@ def _measure_one(ctx: RankContext, spec: dict, index: int, count: int) -> dict:
         "config": {
             "backend": ctx.backend,
             "device": str(ctx.device),
-            "torch_version": torch.__version__,
+            "torch_version": str(torch.__version__),  # a TorchVersion would need torch to unpickle
             "reshard_after_forward": _reshard_after_forward(spec),
             "num_params": inner.num_params(),  # a DTensor's numel is its global size
             "padded_num_params": _padded_numel(inner, ctx.world_size),

@@ -172,3 +172,18 @@ def test_mixed_precision_gathers_bf16_and_reduces_fp32():
     assert sum(c["bytes"] for c in gathers if c["phase"] == "forward") == 2 * m["config"]["num_params"]
     # The sharded (master) parameters stay fp32.
     assert part(m, "params") == part(measurements()["zero3"], "params")
+
+
+def plain_values(obj, path="m") -> list[str]:
+    """Paths to anything that is not a plain JSON value (a torch object would need torch to unpickle)."""
+    if isinstance(obj, dict):
+        return [p for k, v in obj.items() for p in ([f"{path} key {k!r}"] if type(k) is not str else [])
+                + plain_values(v, f"{path}.{k}")]
+    if isinstance(obj, list):
+        return [p for i, v in enumerate(obj) for p in plain_values(v, f"{path}[{i}]")]
+    return [] if type(obj) in (str, int, float, bool, type(None)) else [f"{path}: {type(obj).__name__}"]
+
+
+def test_measurements_are_plain_json_values():
+    for key, m in measurements().items():
+        assert plain_values(m) == [], key
