@@ -162,16 +162,19 @@ def test_runs_go_one_at_a_time_in_order_and_store_the_lab_json(client, csrf_toke
     lab_ids = list(LABS)[:3]
     run_ids = [post_run(client, csrf_token, lab_id, world_size=2).get_json()["run_id"] for lab_id in lab_ids]
     start()
+    rival = lab_queue.LabWorker(app)  # a second worker (as in a second server process): the lock holds
+    rival.start()
     seen_running = set()
-    while True:  # watch the queue: never two running at once
-        states = [status(client, run_id)["status"] for run_id in run_ids]
+    while True:  # watch the queue (one query: a consistent snapshot): never two running at once
+        states = [run.status for run in runs(app)]
         assert states.count("running") <= 1, states
         seen_running |= {run_id for run_id, state in zip(run_ids, states, strict=True) if state == "running"}
         if all(state == "done" for state in states):
             break
         assert "failed" not in states, [status(client, run_id) for run_id in run_ids]
-        time.sleep(0.05)
+        time.sleep(0.02)
     assert seen_running  # the watch did see runs in progress
+    rival.stop()
 
     events = [line.split() for line in log.read_text().splitlines()]
     assert [(kind, lab) for kind, lab, *_ in events] == [(k, lab) for lab in lab_ids for k in ("start", "end")]
