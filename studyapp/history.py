@@ -469,7 +469,7 @@ def export_history_command(fmt: str | None, out: str | None) -> None:
 def import_history_command(file: str, fmt: str | None) -> None:
     """Restore reviews from an export-history file (skipping those already present)."""
     try:
-        text = Path(file).read_text(encoding="utf-8")
+        text = Path(file).read_text(encoding="utf-8-sig")  # a BOM, as spreadsheets write, is fine
         report = import_history(_engine(), parse_history(text, file, fmt))
     except UnicodeDecodeError:
         raise click.ClickException(f"{file}: not UTF-8 text; nothing was imported") from None

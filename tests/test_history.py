@@ -268,3 +268,16 @@ def test_a_review_id_already_used_for_another_review_is_refused(studied, runner,
     result = runner.invoke(args=["import-history", str(tmp_path / "other.csv")])
     assert result.exit_code == 1 and "already in this database as a different review" in result.output
     assert table_rows(get_engine(studied)) == before
+
+
+def test_importing_before_the_bank_is_synced_says_what_to_do(app_config, tmp_path, good_exports):
+    _empty_postgres(app_config["DATABASE_URL"])
+    bare = create_app(app_config, instance_path=str(tmp_path / "bare"))  # migrated, but no cards yet
+    (tmp_path / "history.csv").write_text("\ufeff" + good_exports["csv"], encoding="utf-8")  # with a BOM
+    result = bare.test_cli_runner().invoke(args=["import-history", str(tmp_path / "history.csv")])
+    assert result.exit_code == 1 and "sync the bank it came from first (`studyapp bank sync`)" in result.output
+    assert "history.csv:2: field 'question_id'" in result.output
+    sync_bank(get_engine(bare), write_bank(tmp_path / "bank"))
+    result = bare.test_cli_runner().invoke(args=["import-history", str(tmp_path / "history.csv")])
+    assert result.exit_code == 0 and "imported" in result.output, result.output
+    get_engine(bare).dispose()
