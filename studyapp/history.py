@@ -36,7 +36,7 @@ from studyapp.study import replayed_schedule
 FORMAT_NAME = "studyapp-review-history"
 FORMAT_VERSION = 1
 MAX_PROBLEMS = 20  # enough to see the pattern of a broken file without flooding the terminal
-SUBMISSION_ID = re.compile(r"^card(\d+)-v(\d+)$")
+SUBMISSION_ID = re.compile(r"^card(\d{1,12})-v(\d{1,12})$")
 
 
 @dataclass(frozen=True)

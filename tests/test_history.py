@@ -6,13 +6,18 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
 from conftest import Clock, _empty_postgres, write_bank
 from db_checks import assert_cards_replay, table_rows
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from live_server import record_figures
 from review_driver import drive_reviews
 from sqlmodel import Session, select
+from test_fuzz_endpoints import json_value, nasty_text
 
 from studyapp import create_app
 from studyapp.db import get_engine
@@ -281,3 +286,65 @@ def test_importing_before_the_bank_is_synced_says_what_to_do(app_config, tmp_pat
     result = bare.test_cli_runner().invoke(args=["import-history", str(tmp_path / "history.csv")])
     assert result.exit_code == 0 and "imported" in result.output, result.output
     get_engine(bare).dispose()
+
+
+def test_fuzzed_history_files_are_imported_or_refused_cleanly(app, runner, tmp_path, good_exports, tmp_path_factory):
+    """Random damage to a good file (a cell replaced, a line dropped or repeated, the file cut
+    short): the import succeeds or says why and writes nothing; it never crashes."""
+    engine = get_engine(app)
+    outcomes: Counter = Counter()
+
+    @settings(max_examples=FUZZED_FILES, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @given(data=st.data())
+    def fuzz(data):
+        fmt = data.draw(st.sampled_from(["csv", "json"]), label="format")
+        lines = good_exports[fmt].splitlines(keepends=True)
+        damage = data.draw(st.sampled_from(["cell", "drop", "repeat", "cut"]), label="damage")
+        index = data.draw(st.integers(0, len(lines) - 1), label="line")
+        if damage == "cell" and fmt == "csv":
+            rows = list(csv.reader(io.StringIO(good_exports[fmt])))
+            row = rows[index]
+            row[data.draw(st.integers(0, len(row) - 1), label="column")] = data.draw(nasty_text, label="value")
+            out = io.StringIO()
+            csv.writer(out, lineterminator="\n").writerows(rows)
+            text = out.getvalue()
+        elif damage == "cell":
+            document = json.loads(good_exports[fmt])
+            review = document["reviews"][index % len(document["reviews"])]
+            review[data.draw(st.sampled_from(FIELD_NAMES), label="field")] = data.draw(json_value, label="value")
+            text = json.dumps(document)
+        elif damage == "drop":
+            text = "".join(lines[:index] + lines[index + 1 :])
+        elif damage == "repeat":
+            text = "".join(lines[: index + 1] + lines[index:])
+        else:
+            text = good_exports[fmt][: data.draw(st.integers(0, len(good_exports[fmt])), label="cut")]
+        path = tmp_path / f"fuzzed.{fmt}"
+        path.write_text(text, encoding="utf-8")
+        before = table_rows(engine)
+        result = runner.invoke(args=["import-history", str(path)])
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+        outcomes["imported" if result.exit_code == 0 else "refused"] += 1
+        if result.exit_code == 0:
+            assert_cards_replay(engine)
+            forget_reviews(engine)  # back to an empty history for the next example
+        else:
+            assert result.exit_code == 1 and "nothing was imported" in result.output, result.output
+            assert table_rows(engine) == before
+
+    fuzz()
+    assert outcomes["refused"] > FUZZED_FILES // 2
+    record_figures(tmp_path_factory.getbasetemp(), f"history-fuzz-{engine.dialect.name}", {
+        "history_files_tried": sum(outcomes.values()), **outcomes,
+    })
+
+
+FUZZED_FILES = 120
+
+
+def forget_reviews(engine) -> None:
+    with engine.begin() as connection:
+        connection.execute(ReviewLog.__table__.delete())
+        connection.execute(Card.__table__.update().values(repetitions=0, easiness=2.5, interval=0, due_day=None,
+                                                          repeat_day=None, last_reviewed_at=None))
