@@ -152,7 +152,7 @@ def test_bank_text_in_flash_messages_is_escaped(app, client, bank_dir, csrf_toke
     assert no_live_markup(undone)
 
 
-@pytest.mark.parametrize("method, url, data", [
+ECHOED = [
     ("GET", f"/study?deck={SCRIPT}", None),
     ("GET", "/decks/%3Cscript%3Ealert(1)%3C%2Fscript%3E", None),
     ("GET", "/questions/%3Cimg%20src=x%20onerror=alert(1)%3E", None),
@@ -163,18 +163,21 @@ def test_bank_text_in_flash_messages_is_escaped(app, client, bank_dir, csrf_toke
     ("POST", "/study/grade", {"card_id": SCRIPT, "version": "0"}),
     ("POST", "/study/answer", {"card_id": "1", "version": "0", "choice": "<img src=x onerror=alert(1)>"}),
     ("POST", "/study/undo", {"deck": SCRIPT}),
-])
-def test_input_echoed_in_error_messages_is_escaped(client, csrf_token, method, url, data):
-    if data is not None:
-        data = {**data, "csrf_token": csrf_token}
-    response = client.open(url, method=method, data=data)
-    assert 400 <= response.status_code < 500
-    page = response.get_data(as_text=True)
-    assert 'class="error-message"' in page and no_live_markup(page)
-    json_response = client.open(url, method=method, json=None if data is None else data,
-                                headers={"X-CSRF-Token": csrf_token, "Accept": "application/json"})
-    assert json_response.status_code < 500
-    assert json_response.is_json or no_live_markup(json_response.get_data(as_text=True))  # JSON is never rendered
+]
+
+
+def test_input_echoed_in_error_messages_is_escaped(client, csrf_token):
+    for method, url, data in ECHOED:
+        if data is not None:
+            data = {**data, "csrf_token": csrf_token}
+        response = client.open(url, method=method, data=data)
+        assert 400 <= response.status_code < 500, url
+        page = response.get_data(as_text=True)
+        assert 'class="error-message"' in page and no_live_markup(page), url
+        json_response = client.open(url, method=method, json=None if data is None else data,
+                                    headers={"X-CSRF-Token": csrf_token, "Accept": "application/json"})
+        assert json_response.status_code < 500, url
+        assert json_response.is_json or no_live_markup(json_response.get_data(as_text=True)), url  # JSON is never rendered
 
 
 # --- Downloads --------------------------------------------------------------------------
@@ -195,27 +198,30 @@ def exports(app, tmp_path):
     return folder
 
 
-@pytest.mark.parametrize("name", [
+TRAVERSALS = [
     "..%2foutside.apkg", "%2e%2e%2foutside.apkg", "%252e%252e%252foutside.apkg", "..%5coutside.apkg",
     "%2e%2e%5coutside.apkg", "..%2f..%2finstance%2fsecret_key", "..%2finstance%2fsecret_key", "%2fetc%2fpasswd",
     "alpha.apkg%2f..%2f..%2foutside.apkg", "%c0%ae%c0%ae%2foutside.apkg", "%uff0e%uff0e%2foutside.apkg",
     "linked.apkg", ".%2falpha.apkg", "alpha.apkg%20", "alpha.apkg.", "alpha.APKG",
-])
-def test_downloads_come_only_by_exact_name_from_the_exports_folder(client, exports, name):
-    response = client.get(f"/exports/{name}")
-    assert response.status_code == 404, name
-    assert OUTSIDE not in response.data
+]
+
+
+def test_downloads_come_only_by_exact_name_from_the_exports_folder(client, exports):
+    for name in TRAVERSALS:
+        response = client.get(f"/exports/{name}")
+        assert response.status_code == 404, name
+        assert OUTSIDE not in response.data, name
     assert client.get("/exports/alpha.apkg").data == b"PK-alpha"  # the real one still downloads
 
 
 # --- Lab runs ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("lab_id", ["--help", "-c", "run", "not-a-lab", "what-fsdp-shards%20--world-size%2099",
-                                    "what-fsdp-shards%3Brm", "..%2F..%2Fbin%2Fsh", "%00", "WHAT-FSDP-SHARDS"])
-def test_only_registered_labs_can_be_queued(app, client, csrf_token, lab_id):
-    response = client.post(f"/labs/{lab_id}/runs", json={"world_size": 2}, headers={"X-CSRF-Token": csrf_token})
-    assert response.status_code == 404, lab_id
+def test_only_registered_labs_can_be_queued(app, client, csrf_token):
+    for lab_id in ("--help", "-c", "run", "not-a-lab", "what-fsdp-shards%20--world-size%2099", "what-fsdp-shards%3Brm",
+                   "..%2F..%2Fbin%2Fsh", "%00", "WHAT-FSDP-SHARDS"):
+        response = client.post(f"/labs/{lab_id}/runs", json={"world_size": 2}, headers={"X-CSRF-Token": csrf_token})
+        assert response.status_code == 404, lab_id
     with Session(get_engine(app)) as session:
         assert session.exec(select(LabRun)).all() == []
 
