@@ -202,6 +202,10 @@ def _records_from_csv(text: str, name: str, problems: list[str]) -> list[tuple[s
         return []
     missing = [f for f in FIELD_NAMES if f not in header]
     unknown = [f for f in header if f not in FIELD_NAMES]
+    if len(missing) == len(FIELD_NAMES):
+        problems.append(f"{name}:1: not a review history from `studyapp export-history`: its first line must be "
+                        f"the header {','.join(FIELD_NAMES[:3])},...")
+        return []
     if missing or unknown or len(set(header)) != len(header):
         problems.append(f"{name}:1: the header must name each of these once: {','.join(FIELD_NAMES)}"
                         + (f"; missing {', '.join(missing)}" if missing else "") + (f"; unknown {', '.join(unknown)}" if unknown else ""))
