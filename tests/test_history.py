@@ -220,6 +220,7 @@ BAD_FILES = {
     "missing-column": ("csv", lambda t: t.replace("duration_ms,", "", 1), ":1:", "missing duration_ms"),
     "a-review-left-out": ("csv", csv_rows_edit(_drop_a_followed_review), ":", "before_*"),
     "extra-cell": ("csv", csv_rows_edit(_extra_cell), ":3:", "fields"),
+    "not-a-history": ("csv", lambda t: "name,score\nada,3\n", ":1:", "not a review history"),
     "json-syntax": ("json", lambda t: t[:-20], ":", "not valid JSON"),
     "json-not-history": ("json", lambda t: '{"format": "anki", "reviews": []}', ":1:", "format"),
     "json-wrong-type": ("json", json_edit("correct", "yes"), ": review #1", "correct"),
