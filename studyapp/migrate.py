@@ -9,6 +9,7 @@ writes a new script into studyapp/migrations/versions/ from the difference to th
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
@@ -27,6 +28,7 @@ from sqlalchemy.engine import Connection, Engine
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 FIRST_REVISION = "0001"  # the schema SQLModel's create_all made before migrations
 APP_TABLES = frozenset({"deck", "card", "reviewlog", "labrun"})
+log = logging.getLogger(__name__)
 _PG_LOCK_KEY = 7_210_531  # any constant: serialises migrations of app processes starting together
 
 
@@ -57,19 +59,21 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(connection).get_current_revision()
 
 
-def _adopt_unversioned(connection: Connection) -> None:
-    """Stamp a pre-migrations database at FIRST_REVISION; refuse a partial one."""
+def _adopt_unversioned(connection: Connection) -> bool:
+    """Stamp a pre-migrations database at FIRST_REVISION (returns True); refuse a partial one."""
     tables = set(inspect(connection).get_table_names())
     if "alembic_version" in tables:
-        return
+        return False
     present = APP_TABLES & tables
     if present == APP_TABLES:
         command.stamp(alembic_config(connection), FIRST_REVISION)
-    elif present:
+        return True
+    if present:
         raise SchemaError(
             f"the database has some of the app's tables ({', '.join(sorted(present))}) but not "
             f"{', '.join(sorted(APP_TABLES - present))}, and no migration history: restore it from a backup"
         )
+    return False
 
 
 @contextmanager
@@ -95,10 +99,17 @@ def upgrade(engine: Engine, revision: str = "head") -> str | None:
     """Migrate the database to `revision` (default: the newest), all in one transaction.
     Returns the revision it is at."""
     with engine.connect() as connection, _one_migrator(connection):
-        _adopt_unversioned(connection)
+        adopted = _adopt_unversioned(connection)
+        before = MigrationContext.configure(connection).get_current_revision()
         command.upgrade(alembic_config(connection), revision)
         connection.commit()
-        return MigrationContext.configure(connection).get_current_revision()
+        after = MigrationContext.configure(connection).get_current_revision()
+    if adopted or (before is not None and after != before):
+        # Worth a line on the console: existing data went through a migration.
+        log.warning("database schema upgraded from %s to %s", "before migrations" if adopted else before, after)
+    elif after != before:
+        log.info("database schema created at revision %s", after)
+    return after
 
 
 def downgrade(engine: Engine, revision: str) -> str | None:
@@ -124,9 +135,9 @@ def _engine() -> Engine:
 @click.argument("revision", default="head")
 def db_upgrade_command(revision: str) -> None:
     """Migrate the database to REVISION (default: head, the newest)."""
-    before = current_revision(_engine())
-    after = upgrade(_engine(), revision)
-    click.echo(f"database at revision {after} (head is {head_revision()}; was {before or 'unversioned'})")
+    # The app has already upgraded to head on start (and logged it); this reports, or moves to
+    # another REVISION.
+    click.echo(f"database at revision {upgrade(_engine(), revision)} (head is {head_revision()})")
 
 
 @db_group.command("current")
