@@ -34,6 +34,16 @@ def children_of_this_process() -> list[str]:
     return found
 
 
+@pytest.fixture(autouse=True)
+def children_before_the_test() -> list[str]:
+    """Children that were already there (e.g. Playwright's driver from a browser test earlier in the session)."""
+    return children_of_this_process()
+
+
+def new_children(before: list[str]) -> list[str]:
+    return [command for command in children_of_this_process() if command not in before]
+
+
 # Rank functions live at module level: each rank is a fresh process that imports them by name.
 
 
@@ -79,26 +89,26 @@ def killed_in_rank_1(ctx):
     return ctx.rank
 
 
-def test_each_rank_runs_the_function_and_results_come_back_in_rank_order():
+def test_each_rank_runs_the_function_and_results_come_back_in_rank_order(children_before_the_test):
     results = run_ranks(sum_of_ranks, 2, 10.0, timeout_s=120)
     assert [r["rank"] for r in results] == [0, 1]
     assert all(r["world_size"] == r["mesh"] == 2 for r in results)
     assert [r["sum"] for r in results] == [11.0, 11.0]  # 0 + 1, through a real all-reduce
     assert {(r["backend"], r["device"]) for r in results} == {("gloo", "cpu")}
-    assert children_of_this_process() == []
+    assert new_children(children_before_the_test) == []
 
 
-def test_a_crash_in_rank_1_ends_the_run_naming_rank_1():
+def test_a_crash_in_rank_1_ends_the_run_naming_rank_1(children_before_the_test):
     started = time.monotonic()
     with pytest.raises(RankFailed) as failure:
         run_ranks(crash_in_rank_1, 2, timeout_s=120)
     assert failure.value.rank == 1
     assert "injected crash" in failure.value.reason and "Traceback" in failure.value.reason
     assert time.monotonic() - started < 60  # not the timeout: the error ended it
-    assert children_of_this_process() == []
+    assert new_children(children_before_the_test) == []
 
 
-def test_a_hang_in_rank_1_ends_the_run_at_the_timeout_naming_rank_1():
+def test_a_hang_in_rank_1_ends_the_run_at_the_timeout_naming_rank_1(children_before_the_test):
     started = time.monotonic()
     with pytest.raises(RankFailed) as failure:
         # The timeout covers start-up too (importing torch on a loaded 2-core machine takes seconds).
@@ -107,15 +117,15 @@ def test_a_hang_in_rank_1_ends_the_run_at_the_timeout_naming_rank_1():
     assert "hung" in failure.value.reason
     assert "time.sleep" in failure.value.reason or "hang_in_rank_1" in failure.value.reason  # its stack
     assert time.monotonic() - started < 15 + 15
-    assert children_of_this_process() == []
+    assert new_children(children_before_the_test) == []
 
 
-def test_a_rank_killed_by_a_signal_is_named():
+def test_a_rank_killed_by_a_signal_is_named(children_before_the_test):
     with pytest.raises(RankFailed) as failure:
         run_ranks(killed_in_rank_1, 2, timeout_s=120)
     assert failure.value.rank == 1
     assert "signal 9" in failure.value.reason
-    assert children_of_this_process() == []
+    assert new_children(children_before_the_test) == []
 
 
 def test_ranks_die_with_a_parent_killed_without_cleanup(tmp_path):
