@@ -1,12 +1,18 @@
 """The sharding_lab engine: what instrumentation costs a step, and what one measurement costs end to end.
 
 - instrumented / plain step time: the same FSDP (zero3) training step on 2 CPU ranks, plain, under the
-  collective tracker alone, and under the collective and memory trackers together (what the measured
-  step runs under). Both trackers are TorchDispatchModes, so every op pays a Python call; the ratio
-  falls as ops get bigger. Reported for `tiny` and for a wider model (`tiny` at width 256, 128 tokens).
+  collective tracker alone, under its dispatch reference (`comm-dispatch`: a TorchDispatchMode, a
+  Python call on every op, which is what the tracker used to cost), and under the collective and
+  memory trackers together (what the measured step runs under; the memory tracker is a
+  TorchDispatchMode too). Reported for `tiny` and for a wider model (`tiny` at width 256, 128 tokens),
+  where ops are bigger and a per-op cost matters less.
 - wall time of `sharding-lab measure --strategy zero3 --world-size 2 --json` on `tiny`, from a fresh
   process: Python and torch start-up in the parent and both ranks, process group, warm-up, measured
   step, timed steps.
+
+The machine is shared and noisy, so each ratio is the median of per-round ratios: a round runs every
+mode once, in an order that rotates from round to round, both ranks starting each step together, and
+takes the slower rank's time (a synchronous step goes at its pace). Warm-up rounds come first.
 """
 
 from __future__ import annotations
@@ -15,26 +21,33 @@ import statistics
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from benchmarks.figure import Figure
 
-STEPS = 9  # timed steps per mode, interleaved, after two warm-up steps; the median is reported
+WARMUP_ROUNDS = 2  # FSDP's lazy init, Adam's state, every mode's first use
+ROUNDS = 30
 MODELS = {
     "tiny": {},
     "tiny at width 256": {"n_embd": 256, "n_head": 4, "block_size": 128},
 }
+MODES = ("plain", "comm", "comm-dispatch", "comm+memory")
+TARGETS = {"comm": "<= 1.10"}
 
 
-def _bench_on_rank(ctx, models: dict[str, dict]) -> dict[str, dict[str, float]]:
+def _bench_on_rank(ctx, models: dict[str, dict]) -> dict[str, dict[str, list[tuple[float, float]]]]:
     import torch
 
     torch.set_num_threads(1)
     return {name: _time_modes(ctx, overrides) for name, overrides in models.items()}
 
 
-def _time_modes(ctx, overrides: dict) -> dict[str, float]:
+def _time_modes(ctx, overrides: dict) -> dict[str, list[tuple[float, float]]]:
+    """Per mode, this rank's step time in each timed round: (wall, this process's CPU time)."""
+    import gc
+
     import torch
 
     from sharding_lab.comm import CommTracker
@@ -59,52 +72,68 @@ def _time_modes(ctx, overrides: dict) -> dict[str, float]:
         optimizer.step()
 
     @contextmanager
-    def plain():
-        yield
-
-    @contextmanager
-    def comm_only():
-        tracker = CommTracker(model, ctx.world_size)
-        with tracker:
-            yield
-        tracker.remove_hooks()
-
-    @contextmanager
-    def comm_and_memory():
-        with MemoryTracker(model, optimizer, ctx.device):
-            with comm_only():
+    def tracked(method: str, memory: bool = False) -> Iterator[None]:
+        # Built and removed inside the timed region: the measured step pays for its hooks too.
+        with MemoryTracker(model, optimizer, ctx.device) if memory else _nothing():
+            tracker = CommTracker(model, ctx.world_size, method=method)
+            with tracker:
                 yield
+            tracker.remove_hooks()
 
-    modes = {"plain": plain, "comm": comm_only, "comm+memory": comm_and_memory}
-    durations: dict[str, list[float]] = {name: [] for name in modes}
-    step()
-    step()  # warm-up: FSDP's lazy init and Adam's state
-    for _ in range(STEPS):
-        for name, mode in modes.items():  # interleaved, so drift in machine load hits every mode alike
+    modes: dict[str, Callable[[], AbstractContextManager]] = {
+        "plain": _nothing,
+        "comm": lambda: tracked("wrap"),
+        "comm-dispatch": lambda: tracked("dispatch"),
+        "comm+memory": lambda: tracked("wrap", memory=True),
+    }
+    durations: dict[str, list[tuple[float, float]]] = {name: [] for name in modes}
+    for round_index in range(WARMUP_ROUNDS + ROUNDS):
+        shift = round_index % len(MODES)
+        for name in MODES[shift:] + MODES[:shift]:  # rotated, so no mode always follows another
+            gc.collect()  # not inside a timed step
             torch.distributed.barrier()
-            started = time.perf_counter()
-            with mode():
+            started, cpu_started = time.perf_counter(), time.process_time()
+            with modes[name]():
                 step()
-            durations[name].append(time.perf_counter() - started)
-    return {name: statistics.median(times) for name, times in durations.items()}
+            if round_index >= WARMUP_ROUNDS:
+                durations[name].append((time.perf_counter() - started, time.process_time() - cpu_started))
+    return durations
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def _quartiles(values: list[float]) -> tuple[float, float]:
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    return q1, q3
 
 
 def _step_time_figures() -> list[Figure]:
     from sharding_lab.launch import run_ranks
 
-    per_rank = run_ranks(_bench_on_rank, 2, MODELS, timeout_s=600)
+    per_rank = run_ranks(_bench_on_rank, 2, MODELS, timeout_s=900)
     figures = []
     for name in MODELS:
-        plain = max(r[name]["plain"] for r in per_rank)
-        for mode, target in (("comm", "<= 1.10"), ("comm+memory", "")):
-            instrumented = max(r[name][mode] for r in per_rank)
+        # Each round's step goes at the slower rank's pace. CPU time (a rank's own work, not its
+        # waiting for the other or for a core) is less noisy on a shared machine: shown beside it.
+        rounds = {mode: [max(r[name][mode][i][0] for r in per_rank) for i in range(ROUNDS)] for mode in MODES}
+        cpu = {mode: [max(r[name][mode][i][1] for r in per_rank) for i in range(ROUNDS)] for mode in MODES}
+        plain = rounds["plain"]
+        for mode in MODES[1:]:
+            ratios = [t / p for t, p in zip(rounds[mode], plain, strict=True)]
+            cpu_ratio = statistics.median(t / p for t, p in zip(cpu[mode], cpu["plain"], strict=True))
+            q1, q3 = _quartiles(ratios)
             figures.append(
                 Figure(
                     f"engine: {mode} tracked / plain step time, zero3 {name}",
-                    instrumented / plain,
+                    statistics.median(ratios),
                     "x",
-                    target,
-                    f"{instrumented * 1000:.1f} ms against {plain * 1000:.1f} ms, 2 CPU ranks, median of {STEPS}",
+                    TARGETS.get(mode, ""),
+                    f"median of {ROUNDS} rounds (quartiles {q1:.3f}-{q3:.3f}, range {min(ratios):.3f}-"
+                    f"{max(ratios):.3f}); {statistics.median(rounds[mode]) * 1000:.1f} ms against "
+                    f"{statistics.median(plain) * 1000:.1f} ms, 2 CPU ranks; CPU time {cpu_ratio:.3f}x",
                 )
             )
     return figures

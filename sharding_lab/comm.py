@@ -1,8 +1,17 @@
 """Record every collective a training step issues, in order, beside module forward/backward events.
 
-`CommTracker` is a TorchDispatchMode: every collective reaches the dispatcher as a `c10d` op (DDP's
-all-reduce from its C++ reducer, FSDP2's all-gather and reduce-scatter, ZeroRedundancyOptimizer's
-broadcasts), so watching those ops sees them all without patching anything. For each it records:
+`CommTracker` intercepts the collectives themselves, nothing else, so a tracked step costs about what
+a plain one does. While it is active it swaps in recording wrappers for the `torch.distributed`
+functions the strategies call (FSDP2's all-gathers and reduce-scatters, ZeroRedundancyOptimizer's
+broadcasts, anyone's all-reduce), in `torch.distributed` and in `distributed_c10d`, whose deprecated
+aliases (`all_gather_into_tensor`, ...) call through its own globals; it puts the originals back on
+exit. DDP's all-reduce comes from its C++ reducer, so the tracker gives a DDP model the default
+all-reduce hook (`allreduce_hook`: the same division and all-reduce, now through `dist.all_reduce`).
+`method="dispatch"` is the reference: a TorchDispatchMode that sees every `c10d` op, collectives
+included, but costs a Python call on every op of the step (1.2-1.5x a `tiny` step). It is used where
+the wrappers cannot see everything (a DDP model that already has a comm hook, or broadcasts buffers).
+
+For each collective it records:
 
 - `op`: all_gather, reduce_scatter, all_reduce or broadcast;
 - `bytes`: logical bytes at the API, the full (unsharded) buffer S: the all-gather's output, the
@@ -24,15 +33,26 @@ which is after FSDP's reduce-scatter for that module.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from types import CodeType
+from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 import torch.nn as nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+
+try:
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup as _FSDPParamGroup
+except ImportError:  # a torch without FSDP2
+    _FSDPParamGroup = None
 
 # Dispatcher op name -> the collective it is. Functional (_c10d_functional) ops take one local tensor.
 _COLLECTIVES: dict[str, str] = {
@@ -60,6 +80,23 @@ PHASES: tuple[str, ...] = ("forward", "backward", "optimizer")
 ROOT = "root"  # the name events use for the model itself
 _IS_COLLECTIVE: dict = {}  # op overload -> whether it is a c10d collective
 
+# torch.distributed function -> the collective it is, and the names of its first two parameters: the
+# first holds what the c10d op takes first (its dtype and owner are recorded), the second the other
+# side of a gather or scatter. Only these "leaf" functions are wrapped: the deprecated aliases and
+# `broadcast_object_list` call them, so each collective is recorded once.
+_WRAPPED: dict[str, tuple[str, tuple[str, ...]]] = {
+    "all_gather_single": ("all_gather", ("output_tensor", "input_tensor")),
+    "all_gather": ("all_gather", ("tensor_list", "tensor")),
+    "reduce_scatter_single": ("reduce_scatter", ("output", "input")),
+    "reduce_scatter": ("reduce_scatter", ("output", "input_list")),
+    "all_reduce": ("all_reduce", ("tensor",)),
+    "broadcast": ("broadcast", ("tensor",)),
+}
+Method = Literal["wrap", "dispatch"]
+# Code object -> (may hold an FSDPParamGroup as `self`, issues prefetches): the stack walk behind each
+# collective's attribution then costs a dict lookup per frame.
+_FRAME_ROLES: dict[CodeType, tuple[bool, bool]] = {}
+
 
 def ring_wire_bytes(op: str, logical_bytes: int, world_size: int) -> int | None:
     """Bytes each rank sends for a collective of `logical_bytes`, by the ring formulas (derived)."""
@@ -72,8 +109,17 @@ def ring_wire_bytes(op: str, logical_bytes: int, world_size: int) -> int | None:
 
 
 def _tensor_bytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
     leaves, _ = tree_flatten(obj)
     return sum(t.numel() * t.element_size() for t in leaves if isinstance(t, torch.Tensor))
+
+
+def _first_leaf(obj: Any) -> Any:
+    """The first pytree leaf of `obj` (the tensor a collective's dtype and owner are read from)."""
+    while isinstance(obj, (list, tuple)) and obj:
+        obj = obj[0]
+    return obj
 
 
 def _logical_bytes(op: str, functional: bool, args: tuple, world_size: int) -> int:
@@ -86,22 +132,29 @@ def _logical_bytes(op: str, functional: bool, args: tuple, world_size: int) -> i
     return _tensor_bytes(args[0])
 
 
-class CommTracker(TorchDispatchMode):
-    """Use as `with CommTracker(model, world_size) as tracker:` around exactly the steps to record."""
+class CommTracker:
+    """Use as `with CommTracker(model, world_size) as tracker:` around exactly the steps to record.
 
-    def __init__(self, model: nn.Module, world_size: int):
-        super().__init__()
+    `method="dispatch"` records through the reference TorchDispatchMode instead of the wrappers.
+    """
+
+    def __init__(self, model: nn.Module, world_size: int, method: Method = "wrap"):
+        assert method in ("wrap", "dispatch"), method
         self.world_size = world_size
         self.collectives: list[dict] = []
         self.timeline: list[dict] = []
+        if method == "wrap" and not _route_ddp_all_reduce_through_python(model):
+            method = "dispatch"  # some collective would bypass the wrappers: see every op instead
+        self.method: Method = method
         self._phase: str | None = None
         self._recording = False
         self._active_modules: list[str] = []  # started and not yet ended, innermost last
+        self._model = model
+        self._param_owner: dict[int, str] | None = None  # made at the first broadcast: only ZeRO needs it
         self._units = _tracked_units(model)
-        self._param_owner = {
-            p.data_ptr(): _unit_of(name, self._units) for name, p in _unwrap(model).named_parameters()
-        }
         self._handles = [h for name, module in self._units.items() for h in self._hook(name, module)]
+        self._originals: list[tuple[Any, str, Callable]] = []
+        self._mode: _DispatchInterceptor | None = None
 
     # -- the training loop's side ---------------------------------------------------------------------
 
@@ -119,13 +172,24 @@ class CommTracker(TorchDispatchMode):
             handle.remove()
         self._handles.clear()
 
-    def __enter__(self):
+    def __enter__(self) -> CommTracker:
         self._recording = True
-        return super().__enter__()
+        if self.method == "dispatch":
+            self._mode = _DispatchInterceptor(self)
+            self._mode.__enter__()
+        else:
+            self._wrap_collectives()
+        return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc) -> None:
         self._recording = False
-        return super().__exit__(*exc)
+        if self._mode is not None:
+            self._mode.__exit__(*exc)
+            self._mode = None
+        # Put back exactly what was there on entry (another tool's wrapper, say), last wrapped first.
+        while self._originals:
+            namespace, name, original = self._originals.pop()
+            setattr(namespace, name, original)
 
     # -- results --------------------------------------------------------------------------------------
 
@@ -148,26 +212,45 @@ class CommTracker(TorchDispatchMode):
             "timeline": self.timeline,
         }
 
-    # -- the dispatcher's side ------------------------------------------------------------------------
+    # -- interception -----------------------------------------------------------------------------------
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        # Every op in the step passes through here; `func.namespace` is slow, so remember the answer.
-        is_collective = _IS_COLLECTIVE.get(func)
-        if is_collective is None:
-            is_collective = _IS_COLLECTIVE[func] = func.namespace in ("c10d", "_c10d_functional")
-        if is_collective and self._recording:
-            self._record(func, args)
-        return out
+    def _wrap_collectives(self) -> None:
+        # torch.distributed re-exports distributed_c10d's functions: callers reach them through
+        # either namespace (FSDP2 and ZeRO through `dist.`, the deprecated aliases through c10d's globals).
+        for namespace in (dist, c10d):
+            for name, (op, params) in _WRAPPED.items():
+                original = getattr(namespace, name, None)
+                if original is not None:
+                    self._originals.append((namespace, name, original))
+                    setattr(namespace, name, self._recording_wrapper(original, op, params))
 
-    def _record(self, func, args: tuple) -> None:
+    def _recording_wrapper(self, original: Callable, op: str, params: tuple[str, ...]) -> Callable:
+        gathers_or_scatters = op in ("all_gather", "reduce_scatter")
+
+        @functools.wraps(original)
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            first = args[0] if args else kwargs.get(params[0])
+            size = _tensor_bytes(first)
+            if gathers_or_scatters:
+                # The full buffer is the larger side (the output of a gather, the input of a scatter).
+                size = max(size, _tensor_bytes(args[1] if len(args) > 1 else kwargs.get(params[1])))
+            self._record(op, size, _first_leaf(first))
+            return out
+
+        return collective
+
+    def _record_dispatched(self, func, args: tuple) -> None:
         name = func._schema.name.split("::", 1)[1]
         if name in _NOT_COMMUNICATION:
             return
         op = _COLLECTIVES.get(name, name)
         functional = func.namespace == "_c10d_functional"
         size = _logical_bytes(op, functional, args, self.world_size) if op in OPS else _tensor_bytes(args)
-        module, prefetch = self._attribute(op, args)
+        self._record(op, size, _first_leaf(args[0]) if args else None)
+
+    def _record(self, op: str, size: int, first: Any) -> None:
+        module, prefetch = self._attribute(op, first)
         event = {
             "seq": len(self.collectives),
             "op": op,
@@ -176,17 +259,21 @@ class CommTracker(TorchDispatchMode):
             "prefetch": prefetch,
             "bytes": size,
             "wire_bytes_derived": ring_wire_bytes(op, size, self.world_size),
-            "dtype": str(tree_flatten(args[0])[0][0].dtype).removeprefix("torch.") if args else None,
+            "dtype": str(first.dtype).removeprefix("torch.") if isinstance(first, torch.Tensor) else None,
         }
         self.collectives.append(event)
         self.timeline.append({"event": "collective", **event})
 
-    def _attribute(self, op: str, args: tuple) -> tuple[str | None, bool]:
+    def _attribute(self, op: str, first: Any) -> tuple[str | None, bool]:
         group, prefetch = _calling_fsdp_group()
         if group is not None:
             return group._module_fqn or ROOT, prefetch
-        if op == "broadcast":
-            owner = self._param_owner.get(tree_flatten(args[0])[0][0].data_ptr())
+        if op == "broadcast" and isinstance(first, torch.Tensor):
+            if self._param_owner is None:
+                self._param_owner = {
+                    p.data_ptr(): _unit_of(name, self._units) for name, p in _unwrap(self._model).named_parameters()
+                }
+            owner = self._param_owner.get(first.data_ptr())
             if owner:
                 return owner, False
         return (self._active_modules[-1] if self._active_modules else None), False
@@ -200,22 +287,18 @@ class CommTracker(TorchDispatchMode):
         self.timeline.append({"event": kind, "module": module, "pass": pass_name, "edge": edge, "phase": self._phase})
 
     def _hook(self, name: str, module: nn.Module) -> list:
-        def first_grad_tensor(obj) -> torch.Tensor | None:
-            leaves = tree_flatten(obj)[0]
-            return next((t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad), None)
-
         def watching() -> bool:
             return self._recording and torch.is_grad_enabled()
 
         def mark_output(_module, _args, output):
             # Before FSDP's post-forward registers its pre-backward hook on this tensor, so the next
             # module's backward_end (queued on it later) is emitted before FSDP gathers for this one.
-            if watching() and (t := first_grad_tensor(output)) is not None:
+            if watching() and (t := _first_grad_tensor(output)) is not None:
                 self._arrival_queue(t)
 
         def capture_inputs(_module, args):
             # Before FSDP's pre-forward wraps the input: its gradient arrives after FSDP's post-backward.
-            if watching() and (t := first_grad_tensor(args)) is not None:
+            if watching() and (t := _first_grad_tensor(args)) is not None:
                 self._arrival_queue(t).append(name)
 
         def forward_start(_module, _args):
@@ -227,7 +310,7 @@ class CommTracker(TorchDispatchMode):
             if name in self._active_modules:
                 self._active_modules.remove(name)
             # After FSDP's pre-backward hook on the output: backward_start follows its all-gather.
-            if watching() and (t := first_grad_tensor(output)) is not None:
+            if watching() and (t := _first_grad_tensor(output)) is not None:
                 t.register_hook(self._on_backward_start(name, has_input_grad=name != ROOT))
 
         return [
@@ -291,21 +374,78 @@ def _unit_of(param_name: str, units: dict[str, nn.Module]) -> str:
 
 def _calling_fsdp_group() -> tuple[Any, bool]:
     """The FSDP parameter group issuing the current collective, read from the Python stack."""
-    try:
-        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
-    except ImportError:  # a torch without FSDP2: nothing to find
+    if _FSDPParamGroup is None:  # a torch without FSDP2: nothing to find
         return None, False
     frame = sys._getframe(2)
     group = None
     prefetch = False
     while frame is not None:
         code = frame.f_code
-        # Only FSDPParamGroup's own methods can hold it as `self`; reading f_locals elsewhere is slow.
-        if group is None and code.co_filename.endswith("_fsdp_param_group.py") and "self" in code.co_varnames:
+        role = _FRAME_ROLES.get(code)
+        if role is None:
+            # Only FSDPParamGroup's own methods can hold it as `self`; reading f_locals elsewhere is slow.
+            role = _FRAME_ROLES[code] = (
+                code.co_filename.endswith("_fsdp_param_group.py") and "self" in code.co_varnames,
+                code.co_name in ("_prefetch_unshard", "_backward_prefetch"),
+            )
+        holds_group, prefetches = role
+        if holds_group and group is None:
             candidate = frame.f_locals.get("self")
-            if isinstance(candidate, FSDPParamGroup):
+            if isinstance(candidate, _FSDPParamGroup):
                 group = candidate
-        if code.co_name in ("_prefetch_unshard", "_backward_prefetch"):
-            prefetch = True
+        prefetch = prefetch or prefetches
         frame = frame.f_back
     return group, prefetch
+
+
+def _first_grad_tensor(obj: Any) -> torch.Tensor | None:
+    """The first tensor in `obj` (pytree order) that requires grad; hooks call this on every forward."""
+    if isinstance(obj, torch.Tensor):
+        return obj if obj.requires_grad else None
+    if type(obj) is tuple:  # a module's positional inputs: no pytree walk unless something is nested
+        for item in obj:
+            if isinstance(item, torch.Tensor):
+                if item.requires_grad:
+                    return item
+            elif isinstance(item, (list, tuple, dict)):
+                break
+        else:
+            return None
+    leaves = tree_flatten(obj)[0]
+    return next((t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad), None)
+
+
+def _route_ddp_all_reduce_through_python(model: nn.Module) -> bool:
+    """Give a DDP model the default all-reduce as a comm hook, so its all-reduce calls `dist.all_reduce`.
+
+    `allreduce_hook` divides and all-reduces exactly as DDP's built-in path does. A comm hook cannot
+    be removed, so it stays (one Python call per bucket). False where the wrappers would miss a
+    collective: another comm hook already set, or buffers DDP broadcasts from C++ every forward.
+    """
+    if not isinstance(model, DistributedDataParallel):
+        return True
+    hooks = [hook for hook, _state in model._comm_hooks]
+    if hooks:
+        return hooks == [allreduce_hook]
+    if model.broadcast_buffers and next(model.module.buffers(), None) is not None:
+        return False
+    model.register_comm_hook(model.process_group, allreduce_hook)
+    return True
+
+
+class _DispatchInterceptor(TorchDispatchMode):
+    """The reference method: sees every op of the step and records the `c10d` collectives among them."""
+
+    def __init__(self, tracker: CommTracker):
+        super().__init__()
+        self._tracker = tracker
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        # Every op in the step passes through here; `func.namespace` is slow, so remember the answer.
+        is_collective = _IS_COLLECTIVE.get(func)
+        if is_collective is None:
+            is_collective = _IS_COLLECTIVE[func] = func.namespace in ("c10d", "_c10d_functional")
+        if is_collective:
+            self._tracker._record_dispatched(func, args)
+        return out

@@ -3,6 +3,8 @@ of a real FSDP step (all-gathers before each block, prefetching, reduce-scatters
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -157,3 +159,74 @@ def test_wire_bytes_are_derived_per_collective_and_summed_per_op():
             assert total["wire_bytes_derived"] == sum(
                 c["wire_bytes_derived"] for c in m["comm"]["collectives"] if c["op"] == op
             )
+
+
+def test_wrappers_are_put_back_and_a_ddp_model_gets_the_default_all_reduce_hook(one_rank_group):
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    originals = (dist.all_gather_single, dist.distributed_c10d.all_gather_single, dist.broadcast)
+    model = DistributedDataParallel(GPT(config_for("tiny")))
+    tracker = CommTracker(model, world_size=1)
+    assert tracker.method == "wrap" and [hook for hook, _ in model._comm_hooks] == [allreduce_hook]
+    with tracker:
+        assert dist.all_gather_single is not originals[0]
+    assert (dist.all_gather_single, dist.distributed_c10d.all_gather_single, dist.broadcast) == originals
+    CommTracker(model, world_size=1).remove_hooks()  # a second tracker reuses the hook
+    tracker.remove_hooks()
+
+
+def _both_methods_on_rank(ctx, runs: dict[str, dict]) -> dict[str, dict[str, dict]]:
+    torch.set_num_threads(1)
+    results = {}
+    for key, run in runs.items():
+        results[key] = _record_both_ways(ctx, run)
+        dist.barrier()
+    return results
+
+
+def _record_both_ways(ctx, run: dict) -> dict[str, dict]:
+    """A steady step recorded by the dispatch reference, then the next by the wrappers, as `measure`
+    records it (under the memory tracker, phase by phase)."""
+    from sharding_lab.measure import DEFAULTS, _batch, _build
+    from sharding_lab.memory import MemoryTracker
+    from sharding_lab.strategies import canonical_strategy
+
+    spec = {**DEFAULTS, **run, "strategy": canonical_strategy(run["strategy"])}
+    config, model, optimizer = _build(ctx, spec)
+
+    def step(number: int, tracker: CommTracker | None = None) -> None:
+        idx, targets = _batch(config, spec, ctx.rank, number, ctx.device)
+        optimizer.zero_grad(set_to_none=True)
+        with tracker.phase("forward") if tracker else nullcontext():
+            loss = model(idx, targets)
+        with tracker.phase("backward") if tracker else nullcontext():
+            loss.backward()
+        with tracker.phase("optimizer") if tracker else nullcontext():
+            optimizer.step()
+
+    for number in range(spec["warmup_steps"]):
+        step(number)
+    recorded = {}
+    for number, method in enumerate(("dispatch", "wrap"), start=spec["warmup_steps"]):
+        with MemoryTracker(model, optimizer, ctx.device):
+            tracker = CommTracker(model, ctx.world_size, method=method)
+            with tracker:
+                step(number, tracker)
+            tracker.remove_hooks()
+        assert tracker.method == method
+        recorded[method] = tracker.summary()
+    return recorded
+
+
+@pytest.mark.slow
+def test_the_wrappers_record_exactly_what_the_dispatch_reference_records():
+    from sharding_measurements import RUNS, WORLD_SIZE
+
+    from sharding_lab.launch import run_ranks
+
+    runs = {key: {k: v for k, v in run.items() if k != "check_gradients"} for key, run in RUNS.items()}
+    for rank_results in run_ranks(_both_methods_on_rank, WORLD_SIZE, runs, timeout_s=300):
+        for key, by_method in rank_results.items():
+            assert by_method["wrap"]["collectives"], key
+            assert by_method["wrap"] == by_method["dispatch"], key
