@@ -10,9 +10,10 @@
   process: Python and torch start-up in the parent and both ranks, process group, warm-up, measured
   step, timed steps.
 
-The machine is shared and noisy, so each ratio is the median of per-round ratios: a round runs every
-mode once, in an order that rotates from round to round, both ranks starting each step together, and
-takes the slower rank's time (a synchronous step goes at its pace). Warm-up rounds come first.
+The machine is shared and noisy, so each ratio is the median of per-round ratios: a round times every
+mode once (for `tiny`, over a few steps in a row), in an order that rotates from round to round, both
+ranks starting together, and takes the slower rank's time (a synchronous step goes at its pace).
+Warm-up rounds come first. The detail gives the spread and the ratio of CPU times.
 """
 
 from __future__ import annotations
@@ -29,23 +30,26 @@ from benchmarks.figure import Figure
 
 WARMUP_ROUNDS = 2  # FSDP's lazy init, Adam's state, every mode's first use
 ROUNDS = 30
-MODELS = {
-    "tiny": {},
-    "tiny at width 256": {"n_embd": 256, "n_head": 4, "block_size": 128},
+# Model name -> (GPTConfig overrides, tracked steps per timed sample). A `tiny` step (~35 ms, 14
+# blocking collectives) stalls whenever either rank loses its core; several per sample average that out.
+MODELS: dict[str, tuple[dict, int]] = {
+    "tiny": ({}, 4),
+    "tiny at width 256": ({"n_embd": 256, "n_head": 4, "block_size": 128}, 1),
 }
 MODES = ("plain", "comm", "comm-dispatch", "comm+memory")
 TARGETS = {"comm": "<= 1.10"}
 
 
-def _bench_on_rank(ctx, models: dict[str, dict]) -> dict[str, dict[str, list[tuple[float, float]]]]:
+def _bench_on_rank(ctx, models: dict[str, tuple[dict, int]]) -> dict[str, dict[str, list[tuple[float, float]]]]:
     import torch
 
     torch.set_num_threads(1)
-    return {name: _time_modes(ctx, overrides) for name, overrides in models.items()}
+    return {name: _time_modes(ctx, overrides, steps) for name, (overrides, steps) in models.items()}
 
 
-def _time_modes(ctx, overrides: dict) -> dict[str, list[tuple[float, float]]]:
-    """Per mode, this rank's step time in each timed round: (wall, this process's CPU time)."""
+def _time_modes(ctx, overrides: dict, steps: int) -> dict[str, list[tuple[float, float]]]:
+    """Per mode, this rank's step time in each timed round: (wall, this process's CPU time), the mean
+    of `steps` steps, each tracked on its own."""
     import gc
 
     import torch
@@ -93,10 +97,12 @@ def _time_modes(ctx, overrides: dict) -> dict[str, list[tuple[float, float]]]:
             gc.collect()  # not inside a timed step
             torch.distributed.barrier()
             started, cpu_started = time.perf_counter(), time.process_time()
-            with modes[name]():
-                step()
+            for _ in range(steps):
+                with modes[name]():
+                    step()
             if round_index >= WARMUP_ROUNDS:
-                durations[name].append((time.perf_counter() - started, time.process_time() - cpu_started))
+                wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+                durations[name].append((wall / steps, cpu / steps))
     return durations
 
 
@@ -131,7 +137,7 @@ def _step_time_figures() -> list[Figure]:
                     statistics.median(ratios),
                     "x",
                     TARGETS.get(mode, ""),
-                    f"median of {ROUNDS} rounds (quartiles {q1:.3f}-{q3:.3f}, range {min(ratios):.3f}-"
+                    f"median of {ROUNDS} rounds of {MODELS[name][1]} step(s) (quartiles {q1:.3f}-{q3:.3f}, range {min(ratios):.3f}-"
                     f"{max(ratios):.3f}); {statistics.median(rounds[mode]) * 1000:.1f} ms against "
                     f"{statistics.median(plain) * 1000:.1f} ms, 2 CPU ranks; CPU time {cpu_ratio:.3f}x",
                 )
