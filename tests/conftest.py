@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import MetaData, create_engine
 from werkzeug.serving import make_server
 
-from studyapp import create_app
+from studyapp import create_app, lab_queue
 from studyapp.db import get_engine
 from studyapp.sync import sync_bank
 
@@ -178,6 +178,11 @@ def app(app_config: dict, tmp_path: Path, bank_dir: Path):
     app = create_app(app_config, instance_path=str(tmp_path / "instance"))
     sync_bank(get_engine(app), bank_dir)
     yield app
+    # A lab worker left running (e.g. by `serve`) would go on polling a database that the next
+    # test reuses (PostgreSQL) and claim that test's runs with this app's settings.
+    lab_worker = lab_queue.worker(app)
+    if lab_worker is not None:
+        lab_worker.stop()
     get_engine(app).dispose()
 
 
