@@ -4,25 +4,13 @@ side) render cards, and with JavaScript off."""
 
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path
 
 import pytest
 
 from studyapp.anki_export import render_note
 from studyapp.anki_note_type import BACK, CSS, FIELDS, FRONT, note_type
 from studyapp.bank import Question
-
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 
 QUESTION = Question(
     id="fsdp-all-gather-before-layer",
@@ -69,17 +57,10 @@ def test_note_type_is_stamped_with_its_own_mtime():
 # --- In a real browser ----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def chromium():
-    if not CHROMIUM.exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail("Chromium not found at /usr/bin/chromium")
-        pytest.skip("Chromium not found at /usr/bin/chromium")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
+@pytest.fixture
+def chromium(browser):
+    """Debian's Chromium through pytest-playwright (conftest's launch args: skips without it, fails under CI)."""
+    return browser
 
 
 PAGE = "<!doctype html><html><head><style>{css}</style></head><body class='card'><div id='qa'>{body}</div></body></html>"
