@@ -3,41 +3,14 @@ never leave a card out of step with its log, and nothing answers 5xx."""
 
 from __future__ import annotations
 
-import http.client
 import threading
-from urllib.parse import urlencode, urlsplit
 
+from live_server import Client, Traffic
 from sqlmodel import Session, select
 
 from studyapp.db import get_engine
 from studyapp.models import Card, ReviewLog
 from studyapp.study import replayed_schedule
-
-
-class Browser:
-    """A minimal HTTP client holding one session cookie and its CSRF token."""
-
-    def __init__(self, base_url: str):
-        parts = urlsplit(base_url)
-        self.host, self.port = parts.hostname, parts.port
-        self.cookie = ""
-        page = self.request("GET", "/")[1]
-        self.token = page.split('name="csrf-token" content="')[1].split('"')[0]
-
-    def request(self, method: str, path: str, form: dict | None = None) -> tuple[int, str]:
-        connection = http.client.HTTPConnection(self.host, self.port, timeout=30)
-        headers = {"Cookie": self.cookie}
-        body = None
-        if form is not None:
-            body = urlencode({**form, "csrf_token": self.token})
-            headers["Content-Type"] = "application/x-www-form-urlencoded"
-        connection.request(method, path, body, headers)
-        response = connection.getresponse()
-        text = response.read().decode()
-        if cookie := response.getheader("Set-Cookie"):
-            self.cookie = cookie.split(";")[0]
-        connection.close()
-        return response.status, text
 
 
 def cards(app) -> list[Card]:
@@ -69,7 +42,7 @@ def assert_consistent(app) -> None:
 
 
 def test_the_same_review_from_many_clients_counts_once(app, live_server):
-    browser = Browser(live_server)
+    browser = Client(live_server, Traffic())  # one session cookie and its CSRF token
     first = cards(app)[0]
     form = {"card_id": first.id, "version": first.version, "choice": first.answer, "quality": 5}
     statuses = run_all([lambda: browser.request("POST", "/study/grade", form)[0]] * 8)
@@ -80,7 +53,7 @@ def test_the_same_review_from_many_clients_counts_once(app, live_server):
 
 
 def test_grades_and_undos_racing_keep_every_card_in_step_with_its_log(app, live_server):
-    browser = Browser(live_server)
+    browser = Client(live_server, Traffic())  # one session cookie and its CSRF token
     jobs = []
     for card in cards(app):
         form = {"card_id": card.id, "version": card.version, "choice": card.answer, "quality": 4}
