@@ -54,10 +54,10 @@ def _time_modes(ctx, overrides: dict, steps: int) -> dict[str, list[tuple[float,
 
     import torch
 
-    from sharding_lab.comm import CommTracker
-    from sharding_lab.memory import MemoryTracker
-    from sharding_lab.model import GPT, config_for
-    from sharding_lab.parallelize import parallelize
+    from sharding_lab.engine.comm import CommTracker
+    from sharding_lab.engine.memory import MemoryTracker
+    from sharding_lab.engine.model import GPT, config_for
+    from sharding_lab.engine.parallelize import parallelize
 
     config = config_for("tiny", **overrides)
     torch.manual_seed(0)
@@ -117,7 +117,7 @@ def _quartiles(values: list[float]) -> tuple[float, float]:
 
 
 def _step_time_figures() -> list[Figure]:
-    from sharding_lab.launch import run_ranks
+    from sharding_lab.engine.launch import run_ranks
 
     per_rank = run_ranks(_bench_on_rank, 2, MODELS, timeout_s=900)
     figures = []

@@ -13,7 +13,7 @@ SIZE, WORLD_SIZE, BATCH, SEQ = "70b", 1024, 1, 128
 
 # A fresh process, so its peak RSS is the simulation's own and not this runner's.
 _SIMULATE = (
-    "import json, sys; from sharding_lab.simulate import simulate; "
+    "import json, sys; from sharding_lab.engine.simulate import simulate; "
     f"print(json.dumps(simulate({SIZE!r}, {WORLD_SIZE}, batch={BATCH}, seq={SEQ})))"
 )
 

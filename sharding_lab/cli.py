@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from sharding_lab.labs.commands import register as register_labs  # list, run (no torch on import)
 from sharding_lab.strategies import STRATEGIES, STRATEGY_ALIASES
 
-# Spelled out so that `--help` and `estimate` never import torch (sharding_lab.model holds the real
+# Spelled out so that `--help` and `estimate` never import torch (sharding_lab.engine.model holds the real
 # definitions; a test keeps them equal).
 SIZES = ("tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "1b", "7b", "70b")
 
@@ -91,8 +91,8 @@ def run_compare(args: argparse.Namespace) -> int:
 
 def _measure(runs: list[dict], args: argparse.Namespace, description: str) -> list[dict | None]:
     """Measure in one launch, with a progress display on an interactive stderr; None off rank 0."""
-    from sharding_lab.launch import is_reporting_rank
-    from sharding_lab.measure import measure_many
+    from sharding_lab.engine.launch import is_reporting_rank
+    from sharding_lab.engine.measure import measure_many
 
     def measure(on_progress=None) -> list[dict]:
         return measure_many(runs, args.world_size, device=args.device, timeout_s=args.timeout,
@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from sharding_lab.launch import RankFailed
+    from sharding_lab.engine.launch import RankFailed
 
     try:
         return args.func(args)

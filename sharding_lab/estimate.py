@@ -192,7 +192,7 @@ def _simulate_with_progress(args: argparse.Namespace) -> dict:
     """Run the simulation behind a spinner on stderr (a terminal only); bad sizes exit with a message."""
     from rich.console import Console
 
-    from sharding_lab.simulate import simulate
+    from sharding_lab.engine.simulate import simulate
 
     status_console = Console(stderr=True)
     try:

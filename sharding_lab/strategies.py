@@ -1,5 +1,5 @@
 """The data-parallel strategies by name, with what each does; no torch, so the CLI and the parent
-process that starts ranks can check names without importing it. `sharding_lab.parallelize` applies them.
+process that starts ranks can check names without importing it. `sharding_lab.engine.parallelize` applies them.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ RUNS: dict[str, dict] = {
 
 @functools.cache
 def measurements() -> dict[str, dict]:
-    from sharding_lab.measure import measure_many
+    from sharding_lab.engine.measure import measure_many
 
     runs = [{"timed_steps": 1, **run} for run in RUNS.values()]
     return dict(zip(RUNS, measure_many(runs, WORLD_SIZE, timeout_s=300), strict=True))

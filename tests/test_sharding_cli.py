@@ -14,7 +14,7 @@ from rich.console import Console
 from sharding_measurements import measurements
 
 from sharding_lab import cli
-from sharding_lab.launch import RankFailed
+from sharding_lab.engine.launch import RankFailed
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -31,7 +31,7 @@ def test_subcommands_are_registered():
 
 
 def test_cli_choices_match_the_engine():
-    from sharding_lab.model import SIZES
+    from sharding_lab.engine.model import SIZES
 
     assert cli.SIZES == tuple(SIZES)
 
@@ -56,7 +56,7 @@ def test_a_failed_rank_is_reported_on_stderr_with_status_1(monkeypatch, capsys):
     def failing_measure_many(*args, **kwargs):
         raise RankFailed(1, "raised an exception:\nRuntimeError: boom")
 
-    monkeypatch.setattr("sharding_lab.measure.measure_many", failing_measure_many)
+    monkeypatch.setattr("sharding_lab.engine.measure.measure_many", failing_measure_many)
     assert cli.main(["measure", "--strategy", "ddp", "--json"]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""

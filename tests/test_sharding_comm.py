@@ -10,9 +10,9 @@ import torch
 import torch.distributed as dist
 from sharding_measurements import measurements
 
-from sharding_lab.comm import CommTracker, ring_wire_bytes
-from sharding_lab.model import GPT, config_for
-from sharding_lab.overlap import overlap_of
+from sharding_lab.engine.comm import CommTracker, ring_wire_bytes
+from sharding_lab.engine.model import GPT, config_for
+from sharding_lab.engine.overlap import overlap_of
 
 
 @pytest.mark.parametrize(
@@ -42,7 +42,7 @@ def test_overlap_is_the_part_of_communication_time_inside_compute_time():
 @pytest.fixture(scope="module")
 def one_rank_group():
     """A one-rank gloo group in this process: collectives still reach the dispatcher."""
-    from sharding_lab.launch import _free_port
+    from sharding_lab.engine.launch import _free_port
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
     yield
@@ -188,8 +188,8 @@ def _both_methods_on_rank(ctx, runs: dict[str, dict]) -> dict[str, dict[str, dic
 def _record_both_ways(ctx, run: dict) -> dict[str, dict]:
     """A steady step recorded by the dispatch reference, then the next by the wrappers, as `measure`
     records it (under the memory tracker, phase by phase)."""
-    from sharding_lab.measure import DEFAULTS, _batch, _build
-    from sharding_lab.memory import MemoryTracker
+    from sharding_lab.engine.measure import DEFAULTS, _batch, _build
+    from sharding_lab.engine.memory import MemoryTracker
     from sharding_lab.strategies import canonical_strategy
 
     spec = {**DEFAULTS, **run, "strategy": canonical_strategy(run["strategy"])}
@@ -223,7 +223,7 @@ def _record_both_ways(ctx, run: dict) -> dict[str, dict]:
 def test_the_wrappers_record_exactly_what_the_dispatch_reference_records():
     from sharding_measurements import RUNS, WORLD_SIZE
 
-    from sharding_lab.launch import run_ranks
+    from sharding_lab.engine.launch import run_ranks
 
     runs = {key: {k: v for k, v in run.items() if k != "check_gradients"} for key, run in RUNS.items()}
     for rank_results in run_ranks(_both_methods_on_rank, WORLD_SIZE, runs, timeout_s=300):

@@ -14,7 +14,7 @@ pytestmark = [
 
 
 def test_measure_on_cuda_with_nccl():
-    from sharding_lab.measure import measure_many
+    from sharding_lab.engine.measure import measure_many
 
     world_size = min(2, torch.cuda.device_count())
     runs = [{"strategy": "zero3", "check_gradients": True}, {"strategy": "ddp", "check_gradients": True}]

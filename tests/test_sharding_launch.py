@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sharding_lab.launch import RankFailed, run_ranks
+from sharding_lab.engine.launch import RankFailed, run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -138,7 +138,7 @@ def test_ranks_die_with_a_parent_killed_without_cleanup(tmp_path):
         "import sys, multiprocessing as mp\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "from test_sharding_launch import hang_in_rank_1\n"
-        "from sharding_lab.launch import run_ranks\n"
+        "from sharding_lab.engine.launch import run_ranks\n"
         "if __name__ == '__main__':\n"
         "    run_ranks(hang_in_rank_1, 2, timeout_s=600)\n"
     )

@@ -6,8 +6,8 @@ import pytest
 import torch
 from sharding_measurements import WORLD_SIZE, measurements
 
-from sharding_lab.memory import CATEGORIES, model_state_bytes
-from sharding_lab.model import GPT, config_for
+from sharding_lab.engine.memory import CATEGORIES, model_state_bytes
+from sharding_lab.engine.model import GPT, config_for
 
 
 def test_model_state_bytes_reads_params_grads_and_adam_state_exactly():
@@ -98,7 +98,7 @@ def test_ddp_parameters_are_always_whole():
 @slow
 def test_at_four_ranks_fsdp_holds_a_quarter_of_what_ddp_holds():
     from sharding_lab.analytic import model_states_bytes_per_rank
-    from sharding_lab.measure import measure_many
+    from sharding_lab.engine.measure import measure_many
 
     # vocab 130 rows split 33, 33, 33, 31: the last rank's shard is short, and FSDP pads it.
     runs = [{"strategy": s, "model_overrides": {"vocab_size": 130}, "timed_steps": 1} for s in ("zero3", "ddp")]

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sharding_lab import model as model_module
-from sharding_lab.model import GPT, SIZES, GPTConfig, config_for
+from sharding_lab.engine import model as model_module
+from sharding_lab.engine.model import GPT, SIZES, GPTConfig, config_for
 
 
 def gpt_params(c: GPTConfig) -> int:

@@ -7,7 +7,7 @@ import pytest
 from sharding_measurements import WORLD_SIZE, measurements
 
 from sharding_lab import analytic
-from sharding_lab.parallelize import STRATEGIES, canonical_strategy, describe
+from sharding_lab.engine.parallelize import STRATEGIES, canonical_strategy, describe
 
 pytestmark = pytest.mark.slow
 

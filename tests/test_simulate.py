@@ -10,8 +10,8 @@ import pytest
 
 from sharding_lab import estimate
 from sharding_lab.analytic import fsdp_padded_numel, model_states_bytes_per_rank
-from sharding_lab.model import GPT, config_for
-from sharding_lab.simulate import ADAM_STEP_COUNTER_BYTES, simulate
+from sharding_lab.engine.model import GPT, config_for
+from sharding_lab.engine.simulate import ADAM_STEP_COUNTER_BYTES, simulate
 
 
 def run_estimate_cli(argv: list[str]) -> int:
@@ -115,7 +115,7 @@ def test_global_peak_tracker_agrees_with_fsdp_mem_tracker(monkeypatch):
     # The simulation skips FSDPMemTracker's per-module peaks for speed; the global figures must not move.
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
-    from sharding_lab import simulate as simulate_module
+    from sharding_lab.engine import simulate as simulate_module
 
     fast = simulate("tiny", 4, batch=2, seq=32)
     monkeypatch.setattr(simulate_module, "_GlobalPeakMemTracker", FSDPMemTracker)

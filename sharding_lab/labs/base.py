@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from sharding_lab.catalog import LABS_BY_ID, LabInfo
 
-# One engine measurement (the JSON `sharding_lab.measure.measure` returns), keyed by RunSpec.key.
+# One engine measurement (the JSON `sharding_lab.engine.measure.measure` returns), keyed by RunSpec.key.
 Measurements = Mapping[str, dict]
 
 

@@ -1,4 +1,4 @@
-"""What the labs read from one engine measurement (the JSON of `sharding_lab.measure`).
+"""What the labs read from one engine measurement (the JSON of `sharding_lab.engine.measure`).
 
 Every lab goes through these accessors, so the engine's JSON layout is known in one place. Pure
 Python: checks and reports run on stored or doctored measurements without torch.

@@ -83,7 +83,7 @@ def measure_specs(
 
     Returns the measurements keyed by `RunSpec.engine_config` and each launch's wall seconds.
     """
-    from sharding_lab.measure import measure_many  # torch and the engine: only when something runs
+    from sharding_lab.engine.measure import measure_many  # torch and the engine: only when something runs
 
     by_world_size: dict[int, dict[EngineConfig, RunSpec]] = {}
     for spec in specs:

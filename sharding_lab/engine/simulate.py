@@ -26,8 +26,8 @@ from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefT
 from torch.distributed.device_mesh import init_device_mesh
 
 from sharding_lab.analytic import fsdp_padded_numel, model_states_bytes_per_rank
-from sharding_lab.model import GPT, config_for
-from sharding_lab.parallelize import ParallelOptions, parallelize
+from sharding_lab.engine.model import GPT, config_for
+from sharding_lab.engine.parallelize import ParallelOptions, parallelize
 
 SIMULATED_STRATEGY = "zero3"
 SIMULATED_RANK = 0  # rank 0 holds the largest shard of every parameter (torch.chunk puts the remainder last)

@@ -1,6 +1,6 @@
 """A GPT in one file, in nanoGPT's shape: small modules, then Block, then the config, then the model.
 
-No distributed code lives here: `sharding_lab.parallelize` decides how the model is sharded. The model
+No distributed code lives here: `sharding_lab.engine.parallelize` decides how the model is sharded. The model
 builds on the meta device (no memory), so estimates can use 70B shapes; `init_weights()` fills real
 tensors once the parameters have storage.
 """

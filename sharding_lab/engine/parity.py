@@ -40,7 +40,7 @@ def gradient_parity(
     tolerance: float = TOLERANCE,
 ) -> dict | None:
     """Run one training step on `model` and check its gradient; rank 0 returns the comparison."""
-    from sharding_lab.model import GPT
+    from sharding_lab.engine.model import GPT
 
     inner = getattr(model, "module", model)  # DDP keeps the model in .module
     before_step = {name: _full(p) for name, p in inner.named_parameters()}

@@ -55,7 +55,7 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Any
 
-from sharding_lab.launch import RankContext, run_ranks, under_torchrun
+from sharding_lab.engine.launch import RankContext, run_ranks, under_torchrun
 
 DEFAULTS: dict[str, Any] = {
     "size": "tiny",
@@ -190,8 +190,8 @@ def _measure_on_rank(ctx: RankContext, specs: list[dict]) -> list[dict]:
 def _build(ctx: RankContext, spec: dict):
     import torch
 
-    from sharding_lab.model import GPT, config_for
-    from sharding_lab.parallelize import ParallelOptions, is_fully_sharded, parallelize
+    from sharding_lab.engine.model import GPT, config_for
+    from sharding_lab.engine.parallelize import ParallelOptions, is_fully_sharded, parallelize
 
     config = config_for(spec["size"], **(spec["model_overrides"] or {}))
     options = ParallelOptions(
@@ -246,9 +246,9 @@ def _batch(config, spec: dict, rank: int, step: int, device):
 def _measure_one(ctx: RankContext, spec: dict, index: int, count: int) -> dict:
     import torch
 
-    from sharding_lab.comm import CommTracker
-    from sharding_lab.memory import MemoryTracker, model_state_bytes
-    from sharding_lab.parity import MIXED_PRECISION_TOLERANCE, TOLERANCE, gradient_parity
+    from sharding_lab.engine.comm import CommTracker
+    from sharding_lab.engine.memory import MemoryTracker, model_state_bytes
+    from sharding_lab.engine.parity import MIXED_PRECISION_TOLERANCE, TOLERANCE, gradient_parity
 
     label = f"{spec['strategy']} ({index + 1}/{count})"
     ctx.mark(f"{label}: build")
@@ -333,7 +333,7 @@ def _time_steps(ctx: RankContext, spec: dict, train_step, first_step: int) -> tu
         durations.append(time.perf_counter() - started)
     overlap = None
     if ctx.device.type == "cuda":
-        from sharding_lab.overlap import profile_overlap
+        from sharding_lab.engine.overlap import profile_overlap
 
         overlap = profile_overlap(lambda: train_step(first_step + spec["timed_steps"]), ctx.device)
     return (statistics.median(durations) if durations else 0.0), overlap
