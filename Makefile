@@ -5,7 +5,7 @@ PIP := $(VENV)/bin/pip --disable-pip-version-check
 INSTALL := $(PIP) install -q -c constraints.txt
 BIN := $(VENV)/bin
 
-.PHONY: run test bench lint install install-test clean-venv
+.PHONY: run test test-fast test-deps reliability-table bench lint install install-test clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +25,25 @@ install-test: $(VENV)/.installed-test
 run: install
 	$(BIN)/studyapp serve
 
-test: install-test
-	$(BIN)/python -m pytest
+# The whole suite. First installs what pip cannot when it is missing (Debian's Chromium and
+# PostgreSQL, with apt-get when run as root; otherwise it says what to install), then runs pytest
+# against a throwaway PostgreSQL cluster started before and stopped after (scripts/with-postgres).
+test: install-test test-deps
+	scripts/with-postgres $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-deps:
+	scripts/test-deps install
+
+# The development loop (under a minute): pure cores, views through the test client, bank, SM-2,
+# the analytic model; SQLite only. No server processes, fuzzers, migrations, browsers or torch runs.
+FAST := not slow and not browser and not gpu
+test-fast: install-test
+	env -u STUDYAPP_TEST_POSTGRES_URL $(BIN)/python -m pytest -q -m "$(FAST)" $(PYTEST_ARGS)
+
+# Rewrites the README's reliability table from the figures in tests/data/reliability.json
+# (refresh that file from a run with: scripts/reliability-table --collect PYTEST_BASETEMP).
+reliability-table:
+	$(PYTHON) scripts/reliability-table --write-readme
 
 bench: install-test
 	$(BIN)/python -m benchmarks
