@@ -1,16 +1,20 @@
-"""Several clients at once against a real server: duplicates count once, undo and grades
-never leave a card out of step with its log, and nothing answers 5xx."""
+"""Several clients at once against a real server (in a thread): duplicates count once, undo and
+grades never leave a card out of step with its log, and every undo that answered "undone" undid
+exactly one review."""
 
 from __future__ import annotations
 
 import threading
 
+import pytest
+from db_checks import assert_cards_replay
 from live_server import Client, Traffic
 from sqlmodel import Session, select
 
 from studyapp.db import get_engine
 from studyapp.models import Card, ReviewLog
-from studyapp.study import replayed_schedule
+
+pytestmark = pytest.mark.slow  # a real HTTP server and racing threads
 
 
 def cards(app) -> list[Card]:
@@ -18,27 +22,32 @@ def cards(app) -> list[Card]:
         return session.exec(select(Card).order_by(Card.position)).all()
 
 
-def run_all(jobs) -> list[int]:
-    statuses: list[int] = []
-    lock = threading.Lock()
+def run_all(jobs) -> list:
+    """Run the jobs in threads started together; their results, in the jobs' order."""
+    results: list = [None] * len(jobs)
+    barrier = threading.Barrier(len(jobs))
 
-    def run(job):
-        status = job()
-        with lock:
-            statuses.append(status)
+    def run(index, job):
+        barrier.wait()
+        results[index] = job()
 
-    threads = [threading.Thread(target=run, args=(job,)) for job in jobs]
+    threads = [threading.Thread(target=run, args=(i, job)) for i, job in enumerate(jobs)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(timeout=60)
-    return statuses
+    assert not [t for t in threads if t.is_alive()], "a request hung"
+    return results
 
 
 def assert_consistent(app) -> None:
-    with Session(get_engine(app)) as session:
-        for card in session.exec(select(Card)).all():
-            assert card.state == replayed_schedule(session, card.id), card.question_id
+    assert_cards_replay(get_engine(app))
+
+
+def undid_a_review(response: tuple[int, str, str]) -> bool:
+    """An undo that undid something redirects to the card it restored; "nothing to undo" does not."""
+    status, location, _ = response
+    return status == 302 and "card=" in location
 
 
 def test_the_same_review_from_many_clients_counts_once(app, live_server):
@@ -57,11 +66,29 @@ def test_grades_and_undos_racing_keep_every_card_in_step_with_its_log(app, live_
     jobs = []
     for card in cards(app):
         form = {"card_id": card.id, "version": card.version, "choice": card.answer, "quality": 4}
-        jobs.append(lambda form=form: browser.request("POST", "/study/grade", form)[0])
-        jobs.append(lambda: browser.request("POST", "/study/undo", {})[0])
-    statuses = run_all(jobs)
-    assert all(status in (302, 409) for status in statuses), statuses
+        jobs.append(lambda form=form: browser.request("POST", "/study/grade", form))
+        jobs.append(lambda: browser.request("POST", "/study/undo", {}))
+    responses = run_all(jobs)
+    assert all(status in (302, 409) for status, _, _ in responses), [r[0] for r in responses]
+    grades, undos = responses[0::2], responses[1::2]
+    assert all(status == 302 for status, _, _ in grades)  # a first grade per card never conflicts
     assert_consistent(app)
     with Session(get_engine(app)) as session:
         logs = session.exec(select(ReviewLog)).all()
-    assert len(logs) == 5  # every grade landed once; some were undone
+    assert len(logs) == 5  # every grade landed once
+    assert sum(log.undone_at is not None for log in logs) == sum(map(undid_a_review, undos))
+
+    # Whatever the race left, one more undo undoes the newest live review, exactly.
+    live = [log for log in logs if log.undone_at is None]
+    if live:
+        newest = max(live, key=lambda log: log.id)
+        assert undid_a_review(browser.request("POST", "/study/undo", {}))
+        with Session(get_engine(app)) as session:
+            assert session.get(ReviewLog, newest.id).undone_at is not None
+            card = session.get(Card, newest.card_id)
+            assert (card.repetitions, card.easiness, card.interval, card.due_day, card.repeat_day) == (
+                newest.before_repetitions, newest.before_easiness, newest.before_interval, newest.before_due_day,
+                newest.before_repeat_day)
+        assert_consistent(app)
+    else:  # every review was undone: the next undo has nothing left
+        assert not undid_a_review(browser.request("POST", "/study/undo", {}))
