@@ -1,10 +1,15 @@
 """Fixtures: an app with a fresh database per test (SQLite, and PostgreSQL when
 STUDYAPP_TEST_POSTGRES_URL is set), a small bank of its own, a settable clock, the test
-client and CLI runner, a live server, and Playwright driving Debian's Chromium."""
+client and CLI runner, a live server, and Playwright driving Debian's Chromium.
+
+Hypothesis: under CI=true the "ci" profile derandomizes every property test (the same examples
+on every run); elsewhere the "dev" profile draws one seed per session, printed in the header and
+after a failure (rerun with `--hypothesis-seed=N`)."""
 
 from __future__ import annotations
 
 import os
+import random
 import re
 import threading
 from collections.abc import Iterator
@@ -12,12 +17,41 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from hypothesis import core as hypothesis_core
+from hypothesis import settings as hypothesis_settings
 from sqlalchemy import MetaData, create_engine
 from werkzeug.serving import make_server
 
 from studyapp import create_app, lab_queue
 from studyapp.db import get_engine
 from studyapp.sync import sync_bank
+
+IN_CI = os.environ.get("CI") == "true"
+hypothesis_settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+hypothesis_settings.register_profile("dev", deadline=None, print_blob=True)
+hypothesis_settings.load_profile("ci" if IN_CI else "dev")  # before test modules build their @settings
+
+
+def pytest_configure(config) -> None:
+    if not IN_CI and config.getoption("hypothesis_seed", None) is None:
+        hypothesis_core.global_force_seed = random.SystemRandom().randrange(2**32)
+
+
+def _hypothesis_seed_line() -> str:
+    if IN_CI:
+        return "hypothesis: profile ci (CI=true), derandomized: the same examples on every run"
+    seed = hypothesis_core.global_force_seed
+    return f"hypothesis: profile dev, seed {seed} (rerun with --hypothesis-seed={seed})"
+
+
+def pytest_report_header(config) -> str:
+    return _hypothesis_seed_line()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if terminalreporter.stats.get("failed") or terminalreporter.stats.get("error"):
+        terminalreporter.write_line(_hypothesis_seed_line())
+
 
 POSTGRES_URL_ENV = "STUDYAPP_TEST_POSTGRES_URL"
 CHROMIUM = os.environ.get("STUDYAPP_CHROMIUM", "/usr/bin/chromium")  # Debian's; Playwright cannot fetch its own
@@ -224,7 +258,7 @@ def browser_type_launch_args(browser_type_launch_args: dict) -> dict:
     Without it a browser test skips, except under CI=true, where it fails."""
     if not os.access(CHROMIUM, os.X_OK):
         message = f"Chromium not found at {CHROMIUM} (apt-get install chromium)"
-        if os.environ.get("CI") == "true":
+        if IN_CI:
             pytest.fail(f"{message}; CI=true, so browser tests must run", pytrace=False)
         pytest.skip(message)
     return {**browser_type_launch_args, "executable_path": CHROMIUM, "args": CHROMIUM_ARGS}

@@ -1,6 +1,7 @@
 """The app as a real server process for load and crash tests: `studyapp serve` (the real CLI
-command, werkzeug's threaded server) in a subprocess on 127.0.0.1 and a free port, HTTP clients
-that count what they send, a bank big enough to spread load, and a place to record figures."""
+command, werkzeug's threaded server) in a subprocess on 127.0.0.1, binding port 0 and reporting
+the port it got, on a clock the test injects; HTTP clients that count what they send, a bank big
+enough to spread load, and a place to record figures."""
 
 from __future__ import annotations
 
@@ -9,65 +10,105 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from urllib.parse import urlencode
 
-# Builds the app with the test's instance folder and database, then runs the real `serve` command.
+# Noon UTC on a Monday: eight hours from the 04:00 rollover either way, so a test's study day
+# never changes under it whatever the machine's clock says.
+CLOCK_START = datetime(2026, 3, 2, 12, 0, tzinfo=timezone.utc)
+
+# Builds the app with the test's instance folder, database and clock, then runs the real `serve`
+# command on port 0; the port the socket got is written to PORT_FILE once it is bound.
 SERVE = """
-import json, sys
+import json, os, sys, time
+from datetime import datetime, timedelta
+import werkzeug.serving
 from flask.cli import ScriptInfo
 from studyapp import create_app
 from studyapp.cli import main
-config, instance, port = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+config, instance, port_file, clock_start = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+start, started = datetime.fromisoformat(clock_start), time.monotonic()
+config["CLOCK"] = lambda: start + timedelta(seconds=time.monotonic() - started)  # the test's time, real pace
+config["PORT"] = 0
+make_server = werkzeug.serving.make_server
+
+def make_server_reporting_its_port(*args, **kwargs):
+    server = make_server(*args, **kwargs)
+    with open(port_file + ".part", "w") as out:
+        out.write(str(server.socket.getsockname()[1]))
+    os.replace(port_file + ".part", port_file)
+    return server
+
+werkzeug.serving.make_server = make_server_reporting_its_port
 app = create_app(config, instance_path=instance)
-main(["serve", "--port", port], obj=ScriptInfo(create_app=lambda: app), standalone_mode=True)
+main(["serve"], obj=ScriptInfo(create_app=lambda: app), standalone_mode=True)
 """
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+def wait_for(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.05):
+    """Poll `condition` until it returns something truthy (returned), or fail after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(interval)
 
 
 class ServerProcess:
-    """One `studyapp serve` process at a time on the same database and instance folder."""
+    """One `studyapp serve` process at a time on the same database and instance folder. Its clock
+    starts at CLOCK_START and runs on across restarts at the wall clock's pace."""
 
     def __init__(self, folder: Path, database_url: str, bank_dir: Path):
         self.folder = folder
         self.config = {"DATABASE_URL": database_url, "BANK_PATH": str(bank_dir), "TIMEZONE": "UTC"}
         self.process: subprocess.Popen | None = None
         self.starts = 0
+        self.created = time.monotonic()
+
+    def now(self) -> datetime:
+        """The server's clock, as the test sees it."""
+        return CLOCK_START + timedelta(seconds=time.monotonic() - self.created)
 
     def start(self, timeout: float = 30) -> str:
-        port = free_port()
         self.starts += 1
+        port_file = self.folder / f"server-{self.starts}.port"
         log = open(self.folder / f"server-{self.starts}.log", "wb")  # a file, never a pipe that can fill up
         env = {k: v for k, v in os.environ.items() if k != "STUDYAPP_DATABASE_URL"}
         self.process = subprocess.Popen(
-            [sys.executable, "-c", SERVE, json.dumps(self.config), str(self.folder / "instance"), str(port)],
+            [sys.executable, "-c", SERVE, json.dumps(self.config), str(self.folder / "instance"), str(port_file),
+             self.now().isoformat()],
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.folder,
         )
         log.close()
-        self.url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def bound_port() -> int | None:
             if self.process.poll() is not None:
                 raise AssertionError(f"the server exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                connection.request("GET", "/")
-                if connection.getresponse().status == 200:
-                    return self.url
-            except OSError:
-                time.sleep(0.1)
-        raise AssertionError(f"the server did not answer within {timeout} s:\n{self.log()}")
+            return int(port_file.read_text()) if port_file.exists() else None
+
+        try:
+            port = wait_for(bound_port, timeout, "the server reporting its port")
+        except AssertionError as error:
+            raise AssertionError(f"{error}:\n{self.log()}") from None
+        self.url = f"http://127.0.0.1:{port}"
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)  # the socket listens already
+        try:
+            connection.request("GET", "/")
+            status = connection.getresponse().status
+        finally:
+            connection.close()
+        assert status == 200, f"the server answered {status}:\n{self.log()}"
+        return self.url
 
     def log(self) -> str:
         return (self.folder / f"server-{self.starts}.log").read_text(errors="replace")[-3000:]
