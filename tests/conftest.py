@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import subprocess
 import threading
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -51,6 +52,26 @@ def pytest_report_header(config) -> str:
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     if terminalreporter.stats.get("failed") or terminalreporter.stats.get("error"):
         terminalreporter.write_line(_hypothesis_seed_line())
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def require_git_checkout(full_history: bool = False) -> None:
+    """Skip, saying why, unless REPO is a git checkout (a tarball or a copy has no .git), and with
+    full_history, not a shallow clone (`git clone --depth 1` has no parent commits)."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
+        except FileNotFoundError:
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    top = git("rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != REPO:
+        pytest.skip(f"needs {REPO} to be a git checkout (no .git here, or git is not installed)")
+    if full_history and git("rev-parse", "--is-shallow-repository") == "true":
+        pytest.skip("needs the git history, and this is a shallow clone: run `git fetch --unshallow`")
 
 
 POSTGRES_URL_ENV = "STUDYAPP_TEST_POSTGRES_URL"

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
 import sys
 from pathlib import Path
+from zoneinfo import ZoneInfoNotFoundError
 
 import pytest
+from conftest import require_git_checkout
 
 from studyapp import DATABASE_URL_ENV, SECRET_KEY_FILE, create_app
 from studyapp.db import get_engine
@@ -61,14 +64,20 @@ def test_the_secret_key_is_made_once_per_install_and_kept_private(tmp_path):
 
 
 def test_the_repository_holds_no_secret_key():
+    require_git_checkout()
     repo = Path(__file__).resolve().parent.parent
-    tracked = subprocess.run(["git", "ls-files"], cwd=repo, capture_output=True, text=True).stdout.split()
+    tracked = subprocess.run(["git", "ls-files"], cwd=repo, capture_output=True, text=True, check=True).stdout.split()
+    assert tracked
     assert not [path for path in tracked if path.endswith(SECRET_KEY_FILE) or path.startswith("instance/")]
 
 
-@pytest.mark.parametrize("bad", [{"DAY_START_HOUR": 25}, {"TIMEZONE": "Nowhere/Special"}, {"NEW_CARDS_PER_DAY": -2}])
-def test_bad_study_settings_are_refused_at_start_up(tmp_path, bad):
-    with pytest.raises(Exception):  # noqa: B017 - ValueError or ZoneInfoNotFoundError
+@pytest.mark.parametrize("bad, error, message", [
+    ({"DAY_START_HOUR": 25}, ValueError, "DAY_START_HOUR must be 0..23, got 25"),
+    ({"TIMEZONE": "Nowhere/Special"}, ZoneInfoNotFoundError, "Nowhere/Special"),
+    ({"NEW_CARDS_PER_DAY": -2}, ValueError, "daily limits cannot be negative"),
+])
+def test_bad_study_settings_are_refused_at_start_up(tmp_path, bad, error, message):
+    with pytest.raises(error, match=re.escape(message)):
         create_app({"DATABASE_URL": f"sqlite:///{tmp_path / 'db'}", **bad}, instance_path=str(tmp_path / "i"))
 
 

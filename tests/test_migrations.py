@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from conftest import T0, Clock
+from conftest import T0, Clock, require_git_checkout
 from db_checks import assert_cards_replay, table_rows
 from review_driver import drive_reviews
 from sqlalchemy import create_engine, inspect, text
@@ -95,7 +95,7 @@ import studyapp
 from studyapp import create_app
 from studyapp.db import get_engine
 from studyapp.sync import sync_bank
-from conftest import T0, Clock
+from conftest import T0, Clock, require_git_checkout
 from db_checks import assert_cards_replay, table_rows
 from review_driver import drive_reviews
 
@@ -119,6 +119,7 @@ print(json.dumps({"module": studyapp.__file__, "diff": [str(d) for d in diff], "
 
 def pre_migrations_checkout(destination: Path) -> Path:
     """The app's code as of the commit before migrations were added (git archive of its parent)."""
+    require_git_checkout(full_history=True)
     added = subprocess.run(
         ["git", "log", "--format=%H", "--diff-filter=A", "--", "studyapp/migrations/versions/0001_initial_schema.py"],
         cwd=REPO, capture_output=True, text=True,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from datetime import date, datetime, timedelta, timezone
+from zoneinfo import ZoneInfoNotFoundError
 
 import pytest
 from conftest import T0
@@ -70,9 +72,13 @@ def test_study_day_refuses_naive_times():
         study_day(datetime(2026, 3, 3, 12), UTC_SETTINGS)
 
 
-@pytest.mark.parametrize("bad", [{"day_start_hour": 24}, {"new_per_day": -1}, {"timezone": "Mars/Olympus"}])
-def test_settings_refuse_bad_values(bad):
-    with pytest.raises(Exception):  # noqa: B017 - ValueError or ZoneInfoNotFoundError
+@pytest.mark.parametrize("bad, error, message", [
+    ({"day_start_hour": 24}, ValueError, "DAY_START_HOUR must be 0..23, got 24"),
+    ({"new_per_day": -1}, ValueError, "daily limits cannot be negative"),
+    ({"timezone": "Mars/Olympus"}, ZoneInfoNotFoundError, "Mars/Olympus"),
+])
+def test_settings_refuse_bad_values(bad, error, message):
+    with pytest.raises(error, match=re.escape(message)):
         StudySettings(**bad)
 
 
