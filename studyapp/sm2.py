@@ -15,6 +15,9 @@ INITIAL_EASINESS = 2.5
 MIN_EASINESS = 1.3  # below this, intervals grow too slowly and cards come back too often (SM-2, step 5)
 PASSING_QUALITY = 3  # q >= 3 is a successful recall
 REPEAT_UNTIL_QUALITY = 4  # step 7: cards graded below this come back the same day
+# A multiple-choice answer is graded on the side of the passing line its correctness puts it.
+CORRECT_QUALITIES = (3, 4, 5)
+WRONG_QUALITIES = (0, 1, 2)
 
 
 class Quality(IntEnum):
@@ -76,6 +79,19 @@ def review(state: SM2State | None, quality: int) -> SM2State:
         # The interval grows by the easiness from before this review's update.
         interval = math.ceil(round(state.interval * state.easiness, DECIMALS))
     return SM2State(repetitions=state.repetitions + 1, easiness=easiness, interval=interval)
+
+
+def allowed_qualities(correct: bool) -> tuple[int, ...]:
+    """A right answer is graded 3..5, a wrong one 0..2 (SM-2's passing line)."""
+    return CORRECT_QUALITIES if correct else WRONG_QUALITIES
+
+
+def misgraded(correct: bool, quality: int) -> str | None:
+    """Why `quality` cannot grade a right (or wrong) answer; None when it can."""
+    allowed = allowed_qualities(correct)
+    if quality in allowed:
+        return None
+    return f"a {'right' if correct else 'wrong'} answer is graded {allowed[0]} to {allowed[-1]}, got {quality}"
 
 
 def needs_same_day_repeat(quality: int) -> bool:

@@ -21,9 +21,7 @@ from sqlmodel import Session, select
 
 from studyapp import sm2
 from studyapp.models import Card, ReviewLog
-
-CORRECT_QUALITIES = (3, 4, 5)
-WRONG_QUALITIES = (0, 1, 2)
+from studyapp.sm2 import allowed_qualities
 
 
 @dataclass(frozen=True)
@@ -91,11 +89,6 @@ def choice_order(card_id: int, day: date, count: int) -> list[int]:
     order = list(range(count))
     random.Random(f"{card_id}:{day.isoformat()}").shuffle(order)
     return order
-
-
-def allowed_qualities(correct: bool) -> tuple[int, ...]:
-    """A right answer is graded 3..5, a wrong one 0..2 (SM-2's passing line)."""
-    return CORRECT_QUALITIES if correct else WRONG_QUALITIES
 
 
 @dataclass(frozen=True)
@@ -327,11 +320,8 @@ def _review_log(card, sid: str, choice: int, quality: int, reviewed_at: datetime
     if not 0 <= choice < len(card.choices):
         raise ReviewRejected(f"choice must be from 0 to {len(card.choices) - 1}, got {choice}")
     correct = choice == card.answer
-    allowed = allowed_qualities(correct)
-    if quality not in allowed:
-        raise ReviewRejected(
-            f"a {'right' if correct else 'wrong'} answer is graded {allowed[0]} to {allowed[-1]}, got {quality}"
-        )
+    if problem := sm2.misgraded(correct, quality):
+        raise ReviewRejected(problem)
     if not is_up_today(card, today):
         why = "is retired" if card.retired else f"is not due until {card.due_day}"
         raise ReviewRejected(f"card {card.question_id} {why}")
