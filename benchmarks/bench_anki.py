@@ -19,8 +19,8 @@ import genanki
 
 from benchmarks.figure import Figure
 from sharding_lab.catalog import CATALOG
-from studyapp.anki_export import anki_deck_id, anki_deck_name, export_anki, render_decks
-from studyapp.anki_note_type import CSS, FIELDS, NOTE_TYPE_ID, NOTE_TYPE_NAME, note_type
+from studyapp.anki import anki_deck_id, anki_deck_name, export_anki, render_decks
+from studyapp.anki.note_type import CSS, FIELDS, NOTE_TYPE_ID, NOTE_TYPE_NAME, note_type
 from studyapp.bank import Deck, Question
 
 QUESTIONS = 10_000

@@ -3,7 +3,7 @@
 Settings (defaults in DEFAULTS; override in instance/config.py or the test config):
 DATABASE_URL (or the STUDYAPP_DATABASE_URL environment variable), NEW_CARDS_PER_DAY,
 REVIEWS_PER_DAY, DAY_START_HOUR, TIMEZONE, BANK_PATH, EXPORTS_DIR, HOST, PORT, CLOCK; the lab
-runner's LAB_TIMEOUT_S, LAB_WORLD_SIZES, LAB_COMMAND, LAB_WORKER_AUTOSTART (see studyapp.lab_queue).
+runner's LAB_TIMEOUT_S, LAB_WORLD_SIZES, LAB_COMMAND, LAB_WORKER_AUTOSTART (see studyapp.lab_runs.worker).
 """
 
 from __future__ import annotations
@@ -65,13 +65,13 @@ def create_app(config: dict[str, Any] | None = None, *, instance_path: str | Non
     if not app.config.get("SECRET_KEY"):
         app.config["SECRET_KEY"] = _install_secret_key(app.instance_path)
 
-    from studyapp import cli, csrf, db, lab_queue, views
+    from studyapp import cli, csrf, db, lab_runs, views
     from studyapp.study import StudySettings
 
     StudySettings.from_config(app.config)  # refuse bad limits, hour or zone now, not mid-review
     db.init_app(app)
     csrf.init_app(app)
-    lab_queue.init_app(app)
+    lab_runs.init_app(app)
     views.init_app(app)
     cli.init_app(app)
     return app

@@ -8,6 +8,7 @@ SQLite UTC without an offset), study days are dates in the learner's own day (se
 from __future__ import annotations
 
 from datetime import date, datetime
+from enum import Enum
 from typing import Any
 
 from sqlalchemy import JSON, Column, Index
@@ -102,18 +103,29 @@ class ReviewLog(SQLModel, table=True):
     duration_ms: int | None = None
 
 
+class RunStatus(str, Enum):
+    """Where a lab run stands (studyapp.lab_runs.queue moves it). The members are the strings
+    stored in LabRun.status; each name equals its value, so any driver stores the same string."""
+
+    queued = "queued"
+    running = "running"
+    done = "done"  # the lab's JSON came back, whether or not its claim held
+    failed = "failed"  # timeout, crash, no JSON: the run's error says which
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class LabRun(SQLModel, table=True):
-    """One run of a lab from the app (filled by the labs-in-app work)."""
+    """One run of a lab, queued from a lab page or `studyapp labs run-all`."""
 
     id: int | None = Field(default=None, primary_key=True)
     lab_id: str = Field(index=True)
     params: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
-    status: str = "queued"  # queued | running | done | failed
+    status: str = RunStatus.queued.value  # a RunStatus
     result: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON, nullable=True))
     error: str | None = None
     created_at: datetime  # UTC
     started_at: datetime | None = None
     finished_at: datetime | None = None
 
-
-LAB_RUN_STATUSES = ("queued", "running", "done", "failed")

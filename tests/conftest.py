@@ -23,7 +23,7 @@ from hypothesis import settings as hypothesis_settings
 from sqlalchemy import MetaData, create_engine
 from werkzeug.serving import make_server
 
-from studyapp import create_app, lab_queue
+from studyapp import create_app, lab_runs
 from studyapp.db import get_engine
 from studyapp.sync import sync_bank
 
@@ -235,7 +235,7 @@ def app(app_config: dict, tmp_path: Path, bank_dir: Path):
     yield app
     # A lab worker left running (e.g. by `serve`) would go on polling a database that the next
     # test reuses (PostgreSQL) and claim that test's runs with this app's settings.
-    lab_worker = lab_queue.worker(app)
+    lab_worker = lab_runs.app_worker(app)
     if lab_worker is not None:
         lab_worker.stop()
     get_engine(app).dispose()

@@ -13,8 +13,8 @@ import yaml
 from anki import import_export_pb2
 from anki.collection import Collection, ImportAnkiPackageOptions, ImportAnkiPackageRequest
 
-from studyapp import anki_note_type
-from studyapp.anki_export import (
+import studyapp.anki.note_type as anki_note_type
+from studyapp.anki import (
     ALL_DECKS_FILE,
     DEFAULT_EXPORTS_DIR,
     LAB_RESULTS_FILE,
@@ -30,7 +30,7 @@ from studyapp.anki_export import (
     restamp,
     stale_exports,
 )
-from studyapp.anki_note_type import FIELDS, NOTE_TYPE_ID, NOTE_TYPE_NAME
+from studyapp.anki.note_type import FIELDS, NOTE_TYPE_ID, NOTE_TYPE_NAME
 from studyapp.bank import load_bank
 
 T0 = int(time.time()) - 86_400  # the first export, a day ago: the learner's edits come later

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from studyapp.anki_export import render_note
-from studyapp.anki_note_type import BACK, CSS, FIELDS, FRONT, note_type
+from studyapp.anki import render_note
+from studyapp.anki.note_type import BACK, CSS, FIELDS, FRONT, note_type
 from studyapp.bank import Question
 
 QUESTION = Question(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import Page, expect
 
-from studyapp.lab_queue import start_worker
+from studyapp.lab_runs import start_worker
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 

@@ -10,6 +10,7 @@ from sqlmodel import Session, select
 
 from studyapp import cli
 from studyapp.bank import parse_deck
+from studyapp.cli import serve as serve_cli
 from studyapp.db import get_engine
 from studyapp.models import Card
 
@@ -75,7 +76,7 @@ def test_import_quiz_writes_a_file_and_never_overwrites(runner, tmp_path):
 
 def test_serve_syncs_then_serves_on_localhost(runner, app, bank_dir, monkeypatch):
     served = {}
-    monkeypatch.setattr(cli, "run_simple", lambda host, port, app, **kwargs: served.update(host=host, port=port))
+    monkeypatch.setattr(serve_cli, "run_simple", lambda host, port, app, **kwargs: served.update(host=host, port=port))
     write_bank(bank_dir, {"alpha": ALPHA_DECK})
     result = runner.invoke(args=["serve"])
     assert result.exit_code == 0, result.output
@@ -84,7 +85,7 @@ def test_serve_syncs_then_serves_on_localhost(runner, app, bank_dir, monkeypatch
 
 
 def test_serve_refuses_to_start_on_a_bad_bank(runner, bank_dir, monkeypatch):
-    monkeypatch.setattr(cli, "run_simple", lambda *args, **kwargs: (_ for _ in ()).throw(AssertionError("served")))
+    monkeypatch.setattr(serve_cli, "run_simple", lambda *args, **kwargs: (_ for _ in ()).throw(AssertionError("served")))
     write_bank(bank_dir, {"alpha": "id: alpha\ntitle: [unclosed\n"})
     result = runner.invoke(args=["serve"])
     assert result.exit_code == 1 and "YAML syntax error" in result.output

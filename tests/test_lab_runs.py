@@ -19,9 +19,9 @@ import pytest
 from sqlmodel import Session, select
 
 from sharding_lab.labs.registry import LABS
-from studyapp import create_app, lab_queue
+from studyapp import create_app, lab_runs
 from studyapp.db import get_engine
-from studyapp.lab_queue import INTERRUPTED, SHUTDOWN, start_worker
+from studyapp.lab_runs import INTERRUPTED, SHUTDOWN, start_worker
 from studyapp.models import LabRun
 from studyapp.safe_svg import UnsafeSvg, clean_svg
 
@@ -162,7 +162,7 @@ def test_runs_go_one_at_a_time_in_order_and_store_the_lab_json(client, csrf_toke
     lab_ids = list(LABS)[:3]
     run_ids = [post_run(client, csrf_token, lab_id, world_size=2).get_json()["run_id"] for lab_id in lab_ids]
     start()
-    rival = lab_queue.LabWorker(app)  # a second worker (as in a second server process): the lock holds
+    rival = lab_runs.LabWorker(app)  # a second worker (as in a second server process): the lock holds
     rival.start()
     seen_running = set()
     while True:  # watch the queue (one query: a consistent snapshot): never two running at once
@@ -266,9 +266,9 @@ def test_a_restart_fails_the_run_it_cut_off_and_resumes_the_queued_ones(app, app
 def test_a_running_row_is_left_alone_while_its_runner_holds_the_lock(app, csrf_token, client):
     # `studyapp labs run-all` in another process holds the lock while its row runs: a server
     # starting then must wait for it, not fail its run.
-    with lab_queue.runner_lock(lab_queue.lock_path(app)):
-        run = lab_queue.enqueue(get_engine(app), LAB, 2)
-        lab_queue.claim_next(get_engine(app))
+    with lab_runs.runner_lock(lab_runs.lock_path(app)):
+        run = lab_runs.enqueue(get_engine(app), LAB, 2)
+        lab_runs.claim_next(get_engine(app))
         worker = start_worker(app)
         time.sleep(0.5)
         assert status(client, run.id)["status"] == "running"
@@ -346,7 +346,7 @@ def test_labs_run_all_stores_every_lab_and_export_anki_uses_the_results(app, run
     assert [run.lab_id for run in stored] == list(LABS)
     assert all(run.status == "done" and run.params == {"world_size": 4} and run.finished_at for run in stored)
 
-    from studyapp.anki_export import ALL_DECKS_FILE, read_package
+    from studyapp.anki import ALL_DECKS_FILE, read_package
 
     exported = runner.invoke(args=["export-anki", "--out", str(tmp_path / "anki")])
     assert exported.exit_code == 0, exported.output
@@ -374,7 +374,7 @@ def test_a_real_lab_runs_end_to_end_and_the_web_process_never_imports_torch(tmp_
     script = f"""
 import json, re, sys, time
 from studyapp import create_app
-from studyapp.lab_queue import start_worker
+from studyapp.lab_runs import start_worker
 app = create_app({{"DATABASE_URL": "sqlite:///{tmp_path / 'db.sqlite3'}", "SECRET_KEY": "x", "TESTING": True,
                   "LAB_TIMEOUT_S": 240}}, instance_path={str(tmp_path / 'instance')!r})
 client = app.test_client()

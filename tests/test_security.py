@@ -17,7 +17,7 @@ from sqlmodel import Session, select
 from test_fuzz_endpoints import STATE_CHANGING, fingerprint, state_changing_rules
 
 from sharding_lab.labs.registry import LABS
-from studyapp import SECRET_KEY_FILE, create_app, lab_queue
+from studyapp import SECRET_KEY_FILE, create_app, lab_runs
 from studyapp.db import get_engine
 from studyapp.models import Card, LabRun
 from studyapp.sync import sync_bank
@@ -235,15 +235,15 @@ def test_the_runner_never_starts_an_unregistered_lab_even_from_the_queue(app, tm
     engine = get_engine(app)
     for lab_id in ("--help", "not-a-lab", "what-fsdp-shards; touch x"):
         with pytest.raises(ValueError, match="unknown lab"):
-            lab_queue.enqueue(engine, lab_id, 2)  # the queue refuses it...
+            lab_runs.enqueue(engine, lab_id, 2)  # the queue refuses it...
         with Session(engine) as session:  # ...so put it there by hand
             run = LabRun(lab_id=lab_id, params={"world_size": 2}, created_at=datetime.now(timezone.utc))
             session.add(run)
             session.commit()
             session.refresh(run)
-        claimed = lab_queue.claim_next(engine)
+        claimed = lab_runs.claim_next(engine)
         assert claimed.id == run.id
-        outcome = lab_queue.execute(engine, claimed, command, timeout_s=10)
+        outcome = lab_runs.execute(engine, claimed, command, timeout_s=10)
         assert outcome.status == "failed" and "unknown lab" in outcome.error
     assert not marker.exists()
     with Session(engine) as session:

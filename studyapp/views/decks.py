@@ -11,6 +11,7 @@ from studyapp.models import Card, Deck, ReviewLog
 from studyapp.views import clock
 from studyapp.views.exports import available_exports
 from studyapp.views.forms import known_slug
+from studyapp.views.labs import card_lab
 
 bp = Blueprint("decks", __name__)
 
@@ -44,6 +45,6 @@ def question(question_id: str):
         card=card,
         deck=session.get(Deck, card.deck_id),
         history=history,
-        lab=lab_info(card.lab),
         today=clock.today(),
+        **card_lab(card.lab),
     )

@@ -1,5 +1,5 @@
 """A page per lab from the catalogue: its claim, the questions it backs, how to run it, its results;
-and the JSON API that runs it (through studyapp.lab_queue, never in this process).
+and the JSON API that runs it (through studyapp.lab_runs, never in this process).
 
     GET  /labs                          labs.index
     GET  /labs/<lab_id>                 labs.lab_page       claim, questions, "Run this lab", results
@@ -13,13 +13,14 @@ from __future__ import annotations
 from typing import Any
 
 from flask import Blueprint, abort, current_app, flash, jsonify, redirect, render_template, request, url_for
-from sqlmodel import select
+from sqlmodel import Session, select
 
 from sharding_lab.catalog import CATALOG, LabInfo, lab_info
 from sharding_lab.labs.registry import LABS
-from studyapp import lab_queue
 from studyapp.csrf import FORM_FIELD
 from studyapp.db import get_engine, get_session
+from studyapp.lab_runs import RunStatus, enqueue, latest_done, notify_queued, world_sizes
+from studyapp.lab_runs.queue import ACTIVE, active_runs, aware, expected_seconds, queue_position, utcnow
 from studyapp.models import Card, LabRun
 from studyapp.safe_svg import safe_charts
 
@@ -38,15 +39,21 @@ def _lab_or_404(lab_id: str) -> LabInfo:
     return lab
 
 
-@bp.app_template_global()
 def latest_lab_run(lab_id: str) -> LabRun | None:
     """The lab's latest finished (done) run: what a card's lab box and the lab page show."""
-    return lab_queue.latest_done(get_session(), lab_id)
+    return latest_done(get_session(), lab_id).get(lab_id)
+
+
+def card_lab(lab_id: str) -> dict[str, Any]:
+    """What labs/_card_lab.html shows for a card's lab: the lab (None if not catalogued) and its
+    latest finished run."""
+    lab = lab_info(lab_id)
+    return {"lab": lab, "measured": latest_lab_run(lab_id) if lab else None}
 
 
 @bp.get("")
 def index():
-    return render_template("labs/index.html", labs=CATALOG, latest=lab_queue.latest_done_by_lab(get_session()))
+    return render_template("labs/index.html", labs=CATALOG, latest=latest_done(get_session()))
 
 
 @bp.get("/<lab_id>")
@@ -54,16 +61,14 @@ def lab_page(lab_id: str):
     lab = _lab_or_404(lab_id)
     cards = get_session().exec(select(Card).where(Card.lab == lab_id, Card.retired.is_(False)).order_by(Card.position)).all()
     synced = {card.question_id for card in cards}
-    active = get_session().exec(
-        select(LabRun).where(LabRun.lab_id == lab_id, LabRun.status.in_(("queued", "running"))).order_by(LabRun.id)
-    ).first()
+    active = next(iter(active_runs(get_session(), lab_id)), None)
     return render_template(
         "labs/lab.html",
         lab=lab,
         cards=cards,
         unsynced=[qid for qid in lab.questions if qid not in synced],
         runnable=lab_id in LABS,
-        world_sizes=lab_queue.world_sizes(),
+        world_sizes=world_sizes(),
         active=active,
         **_results(lab_id),
     )
@@ -93,8 +98,8 @@ def _results(lab_id: str) -> dict[str, Any]:
 def start_run(lab_id: str):
     if lab_id not in LABS:  # only registered labs run, whatever the catalogue lists
         abort(404, description=f"There is no runnable lab '{lab_id[:60]}'.")
-    run = lab_queue.enqueue(get_engine(), lab_id, _world_size())
-    lab_queue.notify_queued(current_app._get_current_object())
+    run = enqueue(get_engine(), lab_id, _world_size())
+    notify_queued(current_app._get_current_object())
     if _wants_json():
         response = jsonify(run_id=run.id, status=run.status, url=url_for("labs.run_status", run_id=run.id))
         return response, 202, {"Location": url_for("labs.run_status", run_id=run.id)}
@@ -114,7 +119,7 @@ def _world_size() -> int:
     if unknown:
         abort(400, description=f"Unknown parameter(s): {', '.join(name[:40] for name in unknown[:5])}; "
               "a lab run takes only world_size.")
-    allowed = lab_queue.world_sizes()
+    allowed = world_sizes()
     raw = body.get("world_size", allowed[0])
     if isinstance(raw, str) and raw.strip().isascii() and raw.strip().isdigit() and len(raw.strip()) < 4:
         raw = int(raw.strip())
@@ -129,4 +134,30 @@ def run_status(run_id: int):
     run = session.get(LabRun, run_id) if run_id < 2**31 else None
     if run is None:
         abort(404, description=f"There is no lab run {run_id}.")
-    return jsonify(lab_queue.run_json(session, run))
+    return jsonify(run_json(session, run))
+
+
+def run_json(session: Session, run: LabRun) -> dict[str, Any]:
+    """The JSON API's view of a run: status and, once over, the lab's JSON or {"error": ...}."""
+    started, finished = aware(run.started_at), aware(run.finished_at)
+    body: dict[str, Any] = {
+        "run_id": run.id,
+        "lab_id": run.lab_id,
+        "status": run.status,
+        "params": run.params,
+        "created_at": aware(run.created_at).isoformat(),
+        "started_at": started.isoformat() if started else None,
+        "finished_at": finished.isoformat() if finished else None,
+        "elapsed_s": round(((finished or utcnow()) - started).total_seconds(), 1) if started else None,
+        "result": None,
+    }
+    if run.status in ACTIVE:
+        body["expected_s"] = expected_seconds(session, run)
+    if run.status == RunStatus.queued:
+        body["queue_position"] = queue_position(session, run)
+    elif run.status == RunStatus.done:
+        body["result"] = run.result
+    elif run.status == RunStatus.failed:
+        body["result"] = {"error": run.error or "failed"}
+        body["error"] = run.error or "failed"
+    return body

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 
-from sharding_lab.catalog import lab_info
 from studyapp.db import get_session
 from studyapp.models import Card, Deck
 from studyapp.study import (
@@ -20,6 +19,7 @@ from studyapp.study import (
 )
 from studyapp.views import clock
 from studyapp.views.forms import form_int, known_slug, optional_form_int
+from studyapp.views.labs import card_lab
 
 bp = Blueprint("study", __name__, url_prefix="/study")
 
@@ -114,7 +114,7 @@ def answer():
         correct=correct,
         choices=[(index, card.choices[index]) for index in order],
         options=grade_options(card, correct, today),
-        lab=lab_info(card.lab),
+        **card_lab(card.lab),
         is_repeat=card.repeat_day == today,
         duration_ms=_answer_duration_ms(),
     )

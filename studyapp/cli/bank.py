@@ -1,27 +1,16 @@
-"""The `studyapp` command line: a Flask command group that builds the app with create_app.
-
-To add a command, define it (a click command or an AppGroup) and list it in COMMANDS;
-`init_app` registers each one on `app.cli`, so `app.test_cli_runner()` sees it too.
-"""
+"""`studyapp bank sync`, `check` and `import-quiz`: the question bank in bank/ (studyapp.bank, studyapp.sync)."""
 
 from __future__ import annotations
 
-import signal
-import sys
 from pathlib import Path
 
 import click
 from flask import Flask, current_app
-from flask.cli import AppGroup, FlaskGroup, with_appcontext
-from werkzeug.serving import run_simple
+from flask.cli import AppGroup
 
 from sharding_lab.catalog import lab_info
-from studyapp.anki_export import export_anki_command
 from studyapp.bank import BankError, load_bank, quiz_to_yaml
 from studyapp.db import get_engine
-from studyapp.history import export_history_command, import_history_command
-from studyapp.lab_queue import labs_group, start_worker
-from studyapp.migrate import db_group
 from studyapp.sync import SyncReport, sync_bank
 
 
@@ -31,21 +20,6 @@ def sync_configured_bank(app: Flask) -> SyncReport:
         return sync_bank(get_engine(app), app.config["BANK_PATH"])
     except BankError as error:
         raise click.ClickException(f"{error}\nNothing was changed.") from None
-
-
-@click.command("serve")
-@click.option("--host", default=None, help="Interface to listen on (default 127.0.0.1: this machine only).")
-@click.option("--port", type=int, default=None, help="Port (default 5000).")
-@with_appcontext
-def serve_command(host: str | None, port: int | None) -> None:
-    """Sync the bank into the database, then serve the app."""
-    app = current_app._get_current_object()
-    click.echo(f"bank synced: {sync_configured_bank(app).summary()}")
-    start_worker(app)  # fails runs a restart cut off, resumes queued ones
-    # A service stop (SIGTERM) exits like Ctrl-C, so atexit kills a running lab's processes too.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    # Flask's app.run() refuses to run inside a `flask`-style CLI command: serve with werkzeug directly.
-    run_simple(host or app.config["HOST"], port or app.config["PORT"], app, threaded=True)
 
 
 bank_group = AppGroup("bank", help="The question bank in bank/.")
@@ -94,35 +68,3 @@ def bank_import_quiz_command(quiz_file: str, deck_id: str, out: str | None) -> N
         raise click.ClickException(f"{out} exists; not overwriting it")
     Path(out).write_text(text, encoding="utf-8")
     click.echo(f"wrote {out}: mark the correct choices and fill in the blanks, then run `studyapp bank check`")
-
-
-COMMANDS = (
-    serve_command,
-    bank_group,
-    export_anki_command,
-    labs_group,
-    db_group,
-    export_history_command,
-    import_history_command,
-)
-
-
-def init_app(app: Flask) -> None:
-    for command in COMMANDS:
-        app.cli.add_command(command)
-
-
-def _create_app() -> Flask:
-    from studyapp import create_app
-
-    return create_app()
-
-
-main = FlaskGroup(
-    name="studyapp",
-    help="The sharding study app.",
-    create_app=_create_app,
-    add_default_commands=False,
-    load_dotenv=False,
-    set_debug_flag=False,
-)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sharding_lab.labs.registry import LABS  # metadata only: no torch
+from studyapp.models import LabRun, RunStatus
 
 STDERR_TAIL_CHARS = 2000  # enough for a traceback's end, small enough to store with every failure
 
@@ -39,9 +40,25 @@ def lab_argv(command: Sequence[str], lab_id: str, world_size: int) -> list[str]:
 class Outcome:
     """How a lab process ended: `result` (the lab's JSON) when done, `error` when failed."""
 
-    status: str  # "done" | "failed"
+    status: RunStatus  # done | failed
     result: dict[str, Any] | None = None
     error: str | None = None
+
+
+def lab_outcome(
+    command: Sequence[str],
+    run: LabRun,
+    timeout_s: float,
+    on_start: Callable[[subprocess.Popen], None] | None = None,
+) -> Outcome:
+    """Run a run's lab to its end; whatever goes wrong (even before it starts) is a failed outcome."""
+    try:
+        argv = lab_argv(command, run.lab_id, int(run.params.get("world_size", 0)))
+        return run_lab_process(argv, run.lab_id, timeout_s, on_start=on_start)
+    except (OSError, ValueError) as error:
+        return Outcome(RunStatus.failed, error=f"could not start the lab: {error}")
+    except Exception as error:  # noqa: BLE001 - whatever went wrong, the caller's row must not stay running
+        return Outcome(RunStatus.failed, error=f"the runner failed: {type(error).__name__}: {error}")
 
 
 def run_lab_process(
@@ -74,16 +91,16 @@ def run_lab_process(
     except subprocess.TimeoutExpired:
         kill_group(process)
         stdout, stderr = _drain(process)
-        return Outcome("failed", error=f"timed out after {timeout_s:g} s; the lab's processes were stopped."
+        return Outcome(RunStatus.failed, error=f"timed out after {timeout_s:g} s; the lab's processes were stopped."
                        + _tail(stderr))
     if process.returncode < 0:  # killed by a signal: a shutdown stopped it, or the OS did
-        return Outcome("failed", error=f"stopped by signal {-process.returncode}." + _tail(stderr))
+        return Outcome(RunStatus.failed, error=f"stopped by signal {-process.returncode}." + _tail(stderr))
     result = _parse(stdout)
     if result is None:
-        return Outcome("failed", error=f"exit status {process.returncode}, no JSON result." + _tail(stderr))
+        return Outcome(RunStatus.failed, error=f"exit status {process.returncode}, no JSON result." + _tail(stderr))
     if result.get("lab") != lab_id:
-        return Outcome("failed", error=f"the result names lab {result.get('lab')!r}, not {lab_id!r}.")
-    return Outcome("done", result=result)
+        return Outcome(RunStatus.failed, error=f"the result names lab {result.get('lab')!r}, not {lab_id!r}.")
+    return Outcome(RunStatus.done, result=result)
 
 
 def kill_group(process: subprocess.Popen) -> None:

@@ -1,11 +1,8 @@
-"""The whole review log as a portable file (CSV or JSON), and back: a backup, and the way to
-move the history to another scheduler (FSRS wants card id, time in UTC, rating, duration).
+"""The history file: its columns, writing rows as CSV or JSON, and reading them back checked.
 
-Each row names its card by the bank's stable question id, never by a database id, so a file
-restores into any database that has synced the same bank. Import checks the whole file first
-and writes nothing if anything is wrong; a review already present (same submission id) is
-skipped, so importing twice changes nothing. After an import every card's schedule equals the
-replay of its log, as after a review.
+Pure: no database. Each row names its card by the bank's stable question id; reading checks
+every field and every row on its own (types, ranges, grades that fit the answer, schedules that
+follow SM-2) and raises HistoryError naming each problem.
 """
 
 from __future__ import annotations
@@ -14,24 +11,12 @@ import csv
 import io
 import json
 import math
-import os
 import re
-import tempfile
-from collections import defaultdict
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
-from pathlib import Path
 from typing import Any
 
-import click
-from flask import current_app
-from flask.cli import with_appcontext
-from sqlalchemy.engine import Engine
-from sqlmodel import Session, select
-
 from studyapp import sm2
-from studyapp.models import Card, ReviewLog
-from studyapp.study import replayed_schedule
 
 FORMAT_NAME = "studyapp-review-history"
 FORMAT_VERSION = 1
@@ -77,7 +62,7 @@ FIELDS = (
     Field("after_repeat_day", "date", nullable=True),
 )
 FIELD_NAMES = tuple(f.name for f in FIELDS)
-_LOG_COLUMNS = [f.name for f in FIELDS if f.name not in {"question_id", "deck_id", "choice_text", "undone"}]
+LOG_COLUMNS = [f.name for f in FIELDS if f.name not in {"question_id", "deck_id", "choice_text", "undone"}]
 
 
 class HistoryError(ValueError):
@@ -90,20 +75,7 @@ class HistoryError(ValueError):
         self.problems = problems
 
 
-# --- Export -----------------------------------------------------------------------------
-
-
-def history_rows(engine: Engine) -> list[dict[str, Any]]:
-    """Every review ever logged (undone ones included), oldest first, as FIELDS-keyed dicts."""
-    with Session(engine) as session:
-        pairs = session.exec(select(ReviewLog, Card).join(Card, Card.id == ReviewLog.card_id).order_by(ReviewLog.id)).all()
-    rows = []
-    for log, card in pairs:
-        row = {name: getattr(log, name) for name in _LOG_COLUMNS}
-        choice_text = card.choices[log.choice] if 0 <= log.choice < len(card.choices) else ""
-        row.update(question_id=card.question_id, deck_id=card.deck_id, choice_text=choice_text, undone=log.undone_at is not None)
-        rows.append({name: row[name] for name in FIELD_NAMES})
-    return rows
+# --- Writing -----------------------------------------------------------------------------
 
 
 def _to_text(value: Any) -> Any:
@@ -132,7 +104,7 @@ def render_history(rows: list[dict[str, Any]], fmt: str) -> str:
     return out.getvalue()
 
 
-# --- Parsing ----------------------------------------------------------------------------
+# --- Reading ----------------------------------------------------------------------------
 
 
 def _parse_value(field: Field, raw: Any, from_csv: bool) -> Any:
@@ -284,10 +256,8 @@ def _record_problems(values: dict[str, Any]) -> list[str]:
     problems = []
     if not SUBMISSION_ID.match(values["submission_id"]):
         problems.append(f"field 'submission_id': must look like card12-v3, got {values['submission_id']!r:.60}")
-    allowed = (3, 4, 5) if values["correct"] else (0, 1, 2)
-    if values["quality"] not in allowed:
-        problems.append(f"field 'quality': a {'right' if values['correct'] else 'wrong'} answer is graded "
-                        f"{allowed[0]} to {allowed[-1]}, got {values['quality']}")
+    if problem := sm2.misgraded(values["correct"], values["quality"]):
+        problems.append(f"field 'quality': {problem}")
     if values["undone"] != (values["undone_at"] is not None):
         problems.append("field 'undone_at': must be set exactly when 'undone' is true")
     before = sm2.SM2State(values["before_repetitions"], values["before_easiness"], values["before_interval"])
@@ -300,184 +270,4 @@ def _record_problems(values: dict[str, Any]) -> list[str]:
                             f"under SM-2, not {after}")
     return problems
 
-
-def _chain_problems(records: list[Record]) -> list[str]:
-    """Each card's live reviews must follow on: each starts from the schedule the one before left
-    (a new card's from SM-2's start). A gap means a review is missing from the file."""
-    problems = []
-    left: dict[str, sm2.SM2State] = {}
-    for record in records:
-        values = record.values
-        if values["undone"]:
-            continue
-        before = sm2.SM2State(values["before_repetitions"], values["before_easiness"], values["before_interval"])
-        expected = left.get(values["question_id"], sm2.NEW_CARD)
-        if before != expected:
-            problems.append(f"{record.where}: fields 'before_*': card {values['question_id']}'s previous review left "
-                            f"{expected}, but this one starts from {before} (a review is missing?)")
-        left[values["question_id"]] = sm2.SM2State(
-            values["after_repetitions"], values["after_easiness"], values["after_interval"]
-        )
-    return problems
-
-
-# --- Import -----------------------------------------------------------------------------
-
-
-@dataclass
-class ImportReport:
-    imported: int
-    already_present: int
-    cards: int
-
-    def summary(self) -> str:
-        return f"imported {self.imported} reviews ({self.already_present} already present) for {self.cards} cards"
-
-
-def import_history(engine: Engine, records: list[Record]) -> ImportReport:
-    """Add the reviews not yet present and set each touched card's schedule from its log, in one
-    transaction that is rolled back (HistoryError) if any review cannot belong in this database."""
-    with Session(engine) as session:
-        try:
-            return _import(session, records)
-        except HistoryError:
-            session.rollback()
-            raise
-
-
-def _import(session: Session, records: list[Record]) -> ImportReport:
-    cards = {card.question_id: card for card in session.exec(select(Card)).all()}
-    existing = {log.submission_id: log for log in session.exec(select(ReviewLog)).all()}
-    problems: list[str] = []
-    new_rows: list[tuple[Card, dict[str, Any]]] = []
-    for record in records:
-        values = record.values
-        card = cards.get(values["question_id"])
-        if card is None:
-            problems.append(f"{record.where}: field 'question_id': no card '{values['question_id']:.60}' in this "
-                            "database; sync the bank it came from first (`studyapp bank sync`)")
-            continue
-        if values["choice"] >= len(card.choices):
-            problems.append(f"{record.where}: field 'choice': card {card.question_id} has {len(card.choices)} choices, got {values['choice']}")
-            continue
-        present = existing.get(values["submission_id"])
-        if present is None:
-            new_rows.append((card, values))
-        elif (present.card_id, present.quality, present.reviewed_at) != (card.id, values["quality"], values["reviewed_at"]):
-            problems.append(f"{record.where}: field 'submission_id': '{values['submission_id']}' is already in this "
-                            "database as a different review")
-    in_file = {record.values["submission_id"] for record in records}
-    touched = {card.id: card for card, _ in new_rows}
-    for log in existing.values():
-        if log.card_id in touched and log.submission_id not in in_file:
-            problems.append(f"card {touched[log.card_id].question_id}: the database has review {log.submission_id}, "
-                            "which the file lacks; import into an empty database or the one the file came from")
-            touched.pop(log.card_id)
-    if not problems:
-        problems.extend(_chain_problems(records))
-    if problems:
-        raise HistoryError(problems)
-
-    for card, values in new_rows:
-        row = {name: values[name] for name in _LOG_COLUMNS}
-        session.add(ReviewLog(card_id=card.id, **row))
-    session.flush()
-    _bump_versions(session, in_file, touched)
-    for card in touched.values():
-        _restore_schedule(session, card)
-    mismatched = [card.question_id for card in touched.values() if card.state != replayed_schedule(session, card.id)]
-    if mismatched:
-        raise HistoryError([f"card {qid}: its reviews' schedules do not replay through SM-2 to the last one "
-                            "(the file was edited?)" for qid in mismatched])
-    session.commit()
-    return ImportReport(len(new_rows), len(records) - len(new_rows), len(touched))
-
-
-def _restore_schedule(session: Session, card: Card) -> None:
-    """The card's schedule after its latest live review; before its first, if all were undone."""
-    logs = session.exec(select(ReviewLog).where(ReviewLog.card_id == card.id).order_by(ReviewLog.id)).all()
-    live = [log for log in logs if log.undone_at is None]
-    if live:
-        last = live[-1]
-        card.repetitions, card.easiness, card.interval = last.after_repetitions, last.after_easiness, last.after_interval
-        card.due_day, card.repeat_day, card.last_reviewed_at = last.after_due_day, last.after_repeat_day, last.reviewed_at
-    else:
-        first = logs[0]
-        card.repetitions, card.easiness, card.interval = first.before_repetitions, first.before_easiness, first.before_interval
-        card.due_day, card.repeat_day = first.before_due_day, first.before_repeat_day
-        card.last_reviewed_at = first.before_last_reviewed_at
-    session.add(card)
-
-
-def _bump_versions(session: Session, submission_ids: set[str], touched: dict[int, Card]) -> None:
-    """Keep every card's next submission id unused. Imported ids embed the source database's card
-    ids (`card{id}-v{version}`), which may name other cards here: each card's version moves past
-    any imported id naming it. A card whose schedule changes gets a new version too (stale forms)."""
-    highest: dict[int, int] = defaultdict(lambda: -1)
-    for sid in submission_ids:
-        card_number, version = map(int, SUBMISSION_ID.match(sid).groups())
-        highest[card_number] = max(highest[card_number], version)
-    for card in session.exec(select(Card)).all():
-        version = max(card.version + (1 if card.id in touched else 0), highest[card.id] + 1)
-        if version != card.version:
-            card.version = version
-            session.add(card)
-
-
-# --- `studyapp export-history` / `import-history` ---------------------------------------
-
-
-def _engine() -> Engine:
-    from studyapp.db import get_engine
-
-    return get_engine(current_app._get_current_object())
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Write via a temporary file and rename, so a crash never leaves half a backup."""
-    fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(scratch, path)
-    except BaseException:
-        Path(scratch).unlink(missing_ok=True)
-        raise
-
-
-def _format_of(path: str | None, fmt: str | None) -> str:
-    return fmt or ("json" if path and path.lower().endswith(".json") else "csv")
-
-
-@click.command("export-history")
-@click.option("--format", "fmt", type=click.Choice(["csv", "json"]), default=None, help="Default: from --out's suffix, else csv.")
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write here (default: print it).")
-@with_appcontext
-def export_history_command(fmt: str | None, out: str | None) -> None:
-    """Write the whole review log (every review, undone ones too) as CSV or JSON."""
-    rows = history_rows(_engine())
-    text = render_history(rows, _format_of(out, fmt))
-    if out is None:
-        click.echo(text, nl=False)
-        return
-    _write_atomically(Path(out), text)
-    click.echo(f"wrote {len(rows)} reviews to {out}", err=True)
-
-
-@click.command("import-history")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False))
-@click.option("--format", "fmt", type=click.Choice(["csv", "json"]), default=None, help="Default: from the content.")
-@with_appcontext
-def import_history_command(file: str, fmt: str | None) -> None:
-    """Restore reviews from an export-history file (skipping those already present)."""
-    try:
-        text = Path(file).read_text(encoding="utf-8-sig")  # a BOM, as spreadsheets write, is fine
-        report = import_history(_engine(), parse_history(text, file, fmt))
-    except UnicodeDecodeError:
-        raise click.ClickException(f"{file}: not UTF-8 text; nothing was imported") from None
-    except HistoryError as error:
-        raise click.ClickException(str(error)) from None
-    click.echo(report.summary())
 

@@ -1,0 +1,67 @@
+"""Each note's modification time, kept in exports/manifest.json so that re-imports update in place.
+
+Anki overwrites an existing note only when the incoming note's mtime is newer than its own. The
+manifest maps every question id to the hash of its rendered note and the mtime it was exported
+with: an unchanged note keeps its mtime (Anki changes nothing and keeps the learner's own
+edits), a changed one gets max(now, previous + 1), so exactly the edited notes update. The note
+type is stamped the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from studyapp.anki.note_type import note_type_hash
+from studyapp.anki.render import NoteContent
+
+MANIFEST_FILE = "manifest.json"
+
+
+@dataclass(frozen=True)
+class Stamp:
+    hash: str
+    mod: int  # seconds since the epoch, as Anki stores a note's mtime
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The mtime each note (and the note type) was last exported with, and its content then."""
+
+    note_type: Stamp | None = None
+    notes: dict[str, Stamp] = field(default_factory=dict)  # question id -> stamp
+
+    def to_json(self) -> str:
+        """One line per note, sorted, so a changed question is a one-line diff."""
+        note_type = json.dumps(vars(self.note_type) if self.note_type else None, sort_keys=True)
+        notes = ",\n".join(
+            f'  {json.dumps(qid)}: {{"hash": "{stamp.hash}", "mod": {stamp.mod}}}' for qid, stamp in sorted(self.notes.items())
+        )
+        return f'{{\n "note_type": {note_type},\n "notes": {{' + (f"\n{notes}\n " if notes else "") + "}\n}\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        data = json.loads(text)
+        note_type = Stamp(**data["note_type"]) if data.get("note_type") else None
+        return cls(note_type, {qid: Stamp(**stamp) for qid, stamp in data.get("notes", {}).items()})
+
+
+def _next_stamp(previous: Stamp | None, content_hash: str, now: int) -> Stamp:
+    if previous is not None and previous.hash == content_hash:
+        return previous
+    # Strictly later than what Anki may already hold, even if the clock went backwards.
+    return Stamp(content_hash, now if previous is None else max(now, previous.mod + 1))
+
+
+def restamp(previous: Manifest, notes: Iterable[NoteContent], now: int) -> Manifest:
+    """The manifest for exporting `notes` at `now`. Notes not exported keep their entries."""
+    stamps = dict(previous.notes)
+    for note in notes:
+        stamps[note.question_id] = _next_stamp(previous.notes.get(note.question_id), note.content_hash(), now)
+    return Manifest(_next_stamp(previous.note_type, note_type_hash(), now), stamps)
+
+
+def read_manifest(path: Path) -> Manifest | None:
+    return Manifest.from_json(path.read_text(encoding="utf-8")) if path.is_file() else None

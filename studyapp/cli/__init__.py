@@ -1,0 +1,52 @@
+"""The `studyapp` command line: a Flask command group that builds the app with create_app.
+
+    serve.py     serve                                  bank.py      bank sync | check | import-quiz
+    anki.py      export-anki [--check]                  labs.py      labs run-all
+    history.py   export-history, import-history         (studyapp.migrate: db upgrade | current | revision)
+
+To add a command, define it (a click command or an AppGroup) and list it in COMMANDS;
+`init_app` registers each one on `app.cli`, so `app.test_cli_runner()` sees it too.
+"""
+
+from __future__ import annotations
+
+from flask import Flask
+from flask.cli import FlaskGroup
+
+from studyapp.cli.anki import export_anki_command
+from studyapp.cli.bank import bank_group
+from studyapp.cli.history import export_history_command, import_history_command
+from studyapp.cli.labs import labs_group
+from studyapp.cli.serve import serve_command
+from studyapp.migrate import db_group
+
+COMMANDS = (
+    serve_command,
+    bank_group,
+    export_anki_command,
+    labs_group,
+    db_group,
+    export_history_command,
+    import_history_command,
+)
+
+
+def init_app(app: Flask) -> None:
+    for command in COMMANDS:
+        app.cli.add_command(command)
+
+
+def _create_app() -> Flask:
+    from studyapp import create_app
+
+    return create_app()
+
+
+main = FlaskGroup(
+    name="studyapp",
+    help="The sharding study app.",
+    create_app=_create_app,
+    add_default_commands=False,
+    load_dotenv=False,
+    set_debug_flag=False,
+)

@@ -1,0 +1,91 @@
+"""`studyapp export-anki [--check]`: the bank as Anki packages, carrying each lab's latest finished run."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from flask import current_app
+from flask.cli import with_appcontext
+from sqlalchemy import inspect
+from sqlmodel import Session
+
+from studyapp.anki import (
+    DEFAULT_EXPORTS_DIR,
+    LAB_RESULTS_FILE,
+    MANIFEST_FILE,
+    export_anki,
+    read_lab_results,
+    read_manifest,
+    stale_exports,
+)
+from studyapp.bank import BankError, load_bank
+from studyapp.db import get_engine
+from studyapp.lab_runs import latest_done
+from studyapp.models import LabRun
+
+
+def stored_lab_results() -> dict[str, dict[str, Any]]:
+    """Per lab, the result of its latest finished run in the app's database; {} without one.
+
+    Read defensively: the export must also work against a database that does not exist yet, or
+    before the lab-run table does.
+    """
+    try:
+        engine = get_engine()
+        if not inspect(engine).has_table(LabRun.__tablename__):
+            return {}
+        with Session(engine) as session:
+            runs = latest_done(session)
+    except Exception as error:  # noqa: BLE001 - no usable database is a normal case: use the file
+        click.echo(f"lab results: not read from the database ({type(error).__name__}: {error})", err=True)
+        return {}
+    return {lab_id: run.result for lab_id, run in runs.items() if isinstance(run.result, dict)}
+
+
+@click.command("export-anki")
+@click.option("--deck", "deck_id", default=None, help="Export only this deck (default: every deck, plus all-decks.apkg).")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Folder for the .apkg files, manifest.json and lab-results.json (default: the app's exports/).",
+)
+@click.option("--bank", "bank_dir", type=click.Path(exists=True, path_type=Path), default=None, help="Bank folder (default: the app's bank/).")
+@click.option("--check", is_flag=True, help="Write nothing; fail if the folder is out of date with the bank.")
+@with_appcontext
+def export_anki_command(deck_id: str | None, out_dir: Path | None, bank_dir: Path | None, check: bool) -> None:
+    """Write the bank as Anki packages: one per deck and all-decks.apkg."""
+    config = current_app.config
+    out_dir = out_dir or Path(config.get("EXPORTS_DIR") or DEFAULT_EXPORTS_DIR)
+    try:
+        decks = load_bank(bank_dir or config.get("BANK_PATH"))
+    except BankError as error:
+        raise click.ClickException(str(error)) from error
+    if check:
+        with tempfile.TemporaryDirectory() as scratch:
+            problems = stale_exports(decks, out_dir, Path(scratch))
+        if problems:
+            raise click.ClickException(f"{out_dir} is out of date; run `studyapp export-anki`:\n  " + "\n  ".join(problems))
+        click.echo(f"{out_dir} is up to date with the bank")
+        return
+    # Per lab: its latest run in the app's database, else the result the exports already carry.
+    results_file = out_dir / LAB_RESULTS_FILE
+    if not results_file.is_file():
+        results_file = DEFAULT_EXPORTS_DIR / LAB_RESULTS_FILE
+    from_file = read_lab_results(results_file)
+    from_db = stored_lab_results()
+    # Stamps continue from the folder's own manifest, else from the committed one: a learner who
+    # imported the committed decks must not see unchanged notes as newer.
+    previous = read_manifest(DEFAULT_EXPORTS_DIR / MANIFEST_FILE)
+    try:
+        written = export_anki(decks, out_dir, {**from_file, **from_db}, int(time.time()), deck_id, previous)
+    except ValueError as error:
+        raise click.ClickException(str(error)) from error
+    click.echo(f"lab results: {len(from_db)} from the database, {len(set(from_file) - set(from_db))} from {results_file}")
+    for path in written:
+        click.echo(f"wrote {path}")

@@ -1,0 +1,63 @@
+"""`studyapp export-history` and `import-history`: the review log as a file (studyapp.history)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import click
+from flask.cli import with_appcontext
+
+from studyapp.db import get_engine
+from studyapp.history import HistoryError, history_rows, import_history, parse_history, render_history
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write via a temporary file and rename, so a crash never leaves half a backup."""
+    fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(scratch, path)
+    except BaseException:
+        Path(scratch).unlink(missing_ok=True)
+        raise
+
+
+def _format_of(path: str | None, fmt: str | None) -> str:
+    return fmt or ("json" if path and path.lower().endswith(".json") else "csv")
+
+
+@click.command("export-history")
+@click.option("--format", "fmt", type=click.Choice(["csv", "json"]), default=None, help="Default: from --out's suffix, else csv.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write here (default: print it).")
+@with_appcontext
+def export_history_command(fmt: str | None, out: str | None) -> None:
+    """Write the whole review log (every review, undone ones too) as CSV or JSON."""
+    rows = history_rows(get_engine())
+    text = render_history(rows, _format_of(out, fmt))
+    if out is None:
+        click.echo(text, nl=False)
+        return
+    _write_atomically(Path(out), text)
+    click.echo(f"wrote {len(rows)} reviews to {out}", err=True)
+
+
+@click.command("import-history")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["csv", "json"]), default=None, help="Default: from the content.")
+@with_appcontext
+def import_history_command(file: str, fmt: str | None) -> None:
+    """Restore reviews from an export-history file (skipping those already present)."""
+    try:
+        text = Path(file).read_text(encoding="utf-8-sig")  # a BOM, as spreadsheets write, is fine
+        report = import_history(get_engine(), parse_history(text, file, fmt))
+    except UnicodeDecodeError:
+        raise click.ClickException(f"{file}: not UTF-8 text; nothing was imported") from None
+    except HistoryError as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(report.summary())
+

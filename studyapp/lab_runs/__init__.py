@@ -1,0 +1,45 @@
+"""Labs run from the app: a queue of LabRun rows, and a worker that runs them one at a time.
+
+    queue.py     the rows and their moves: enqueue, claim, finish; the latest finished run per lab
+    worker.py    the thread and the machine-wide lock that runs the queue; the LAB_* settings
+    process.py   one lab as a child process: `python -m sharding_lab.cli run LAB --world-size N --json`
+
+The web process never imports torch: a lab is always a child process.
+"""
+
+from studyapp.lab_runs.process import Outcome
+from studyapp.lab_runs.queue import claim_next, enqueue, finish, latest_done
+from studyapp.lab_runs.worker import (
+    INTERRUPTED,
+    SHUTDOWN,
+    LabWorker,
+    app_worker,
+    execute,
+    init_app,
+    lock_path,
+    notify_queued,
+    runner_lock,
+    start_worker,
+    world_sizes,
+)
+from studyapp.models import RunStatus
+
+__all__ = [
+    "INTERRUPTED",
+    "SHUTDOWN",
+    "LabWorker",
+    "Outcome",
+    "RunStatus",
+    "app_worker",
+    "claim_next",
+    "enqueue",
+    "execute",
+    "finish",
+    "init_app",
+    "latest_done",
+    "lock_path",
+    "notify_queued",
+    "runner_lock",
+    "start_worker",
+    "world_sizes",
+]

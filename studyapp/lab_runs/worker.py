@@ -1,0 +1,209 @@
+"""The lab worker: one thread that runs queued lab runs, oldest first, one at a time on this machine.
+
+One lab at a time: whoever runs a lab (the server's worker thread, or `studyapp labs run-all`
+running the queue itself) holds an exclusive lock file in the instance folder while its row is
+`running`. So a `running` row with the lock free was cut off (a restart, a kill): the worker marks
+it failed when it starts. Runs still `queued` at a restart are resumed: they are requests nobody
+has withdrawn.
+
+Settings: LAB_TIMEOUT_S (seconds a run may take), LAB_WORLD_SIZES (the world sizes a run may ask
+for), LAB_COMMAND (argv prefix of the lab CLI; tests point it at a fake), LAB_WORKER_AUTOSTART
+(start the worker on the first queued run; default on, off under TESTING, where tests start it).
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from flask import Flask, current_app
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from studyapp.db import get_engine
+from studyapp.lab_runs.process import Outcome, default_command, kill_group, lab_outcome
+from studyapp.lab_runs.queue import ACTIVE, claim_next, fail_interrupted, finish, next_queued
+from studyapp.models import LabRun, RunStatus
+
+DEFAULTS: dict[str, Any] = {
+    "LAB_TIMEOUT_S": 300.0,  # a lab takes 10-30 s at 2 ranks on a small CPU; 10x that is a hang
+    "LAB_WORLD_SIZES": (2, 4),  # ranks are processes on this machine: more only slows a small one
+    "LAB_COMMAND": None,  # None: `python -m sharding_lab.cli` with this interpreter
+    "LAB_WORKER_AUTOSTART": None,  # None: on, except under TESTING
+}
+LOCK_FILE = "lab-runner.lock"
+POLL_S = 2.0  # how often an idle worker looks for runs queued by another process
+INTERRUPTED = "interrupted by a server restart: the process running it stopped before it finished"
+SHUTDOWN = "stopped: the server shut down while it ran"
+_WORKER_KEY = "studyapp.lab_worker"
+
+
+# --- settings ---------------------------------------------------------------------------------
+
+
+def world_sizes(app: Flask | None = None) -> tuple[int, ...]:
+    return tuple((app or current_app).config["LAB_WORLD_SIZES"])
+
+
+def lab_command(app: Flask | None = None) -> list[str]:
+    return list((app or current_app).config["LAB_COMMAND"] or default_command())
+
+
+def lock_path(app: Flask | None = None) -> str:
+    return os.path.join((app or current_app).instance_path, LOCK_FILE)
+
+
+# --- running ----------------------------------------------------------------------------------
+
+
+@contextmanager
+def runner_lock(path: str, *, wait: bool = True, stop: threading.Event | None = None) -> Iterator[bool]:
+    """Hold the machine-wide lab lock; yields False if not taken (no wait, or `stop` was set).
+    flock is released by the kernel when its holder dies, so a crash never leaves it held."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not wait or (stop is not None and stop.is_set()):
+                    yield False
+                    return
+                time.sleep(0.2)
+        yield True
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def execute(engine: Engine, run: LabRun, command: Sequence[str], timeout_s: float) -> Outcome:
+    """Run a claimed (`running`) run to its end and store the outcome; never leaves it running."""
+    outcome = lab_outcome(command, run, timeout_s)
+    finish(engine, run.id, outcome)
+    return outcome
+
+
+class LabWorker:
+    """Runs queued lab runs, oldest first, one at a time: in its own thread (`start`), or in the
+    caller's (`run_until_over`, as `studyapp labs run-all` does)."""
+
+    def __init__(self, app: Flask):
+        self.app = app
+        self.engine = get_engine(app)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._process: subprocess.Popen | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="lab-worker", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """Stop the thread, killing the lab it runs (its row becomes failed, never stays running)."""
+        self._stop.set()
+        self._wake.set()
+        process = self._process
+        if process is not None and process.poll() is None:
+            kill_group(process)
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def _loop(self) -> None:
+        with runner_lock(lock_path(self.app), stop=self._stop) as held:
+            if held:
+                cut_off = fail_interrupted(self.engine, INTERRUPTED)
+                if cut_off:
+                    self.app.logger.warning("lab runs: %d cut off by a restart marked failed", cut_off)
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                ran = self.run_next()
+            except Exception:  # a database hiccup must not end the worker
+                self.app.logger.exception("lab worker: run failed")
+                ran = False
+            if not ran:
+                self._wake.wait(POLL_S)
+
+    def run_next(self) -> bool:
+        """Run the oldest queued run, if any; whether one ran."""
+        with Session(self.engine) as session:
+            if next_queued(session) is None:
+                return False
+        with runner_lock(lock_path(self.app), stop=self._stop) as held:
+            if not held:
+                return False
+            run = claim_next(self.engine)
+            if run is None:
+                return False
+            outcome = lab_outcome(lab_command(self.app), run, float(self.app.config["LAB_TIMEOUT_S"]), self._started)
+            self._process = None
+            if self._stop.is_set() and outcome.status == RunStatus.failed:
+                outcome = Outcome(RunStatus.failed, error=SHUTDOWN)
+            finish(self.engine, run.id, outcome)
+        return True
+
+    def run_until_over(self, run_id: int) -> LabRun:
+        """Run the queue in this thread until run `run_id` is over (another worker may run it, or
+        runs queued before it); its final row."""
+        while True:
+            with Session(self.engine, expire_on_commit=False) as session:
+                run = session.get(LabRun, run_id)
+                if run.status not in ACTIVE:
+                    return run
+            if not self.run_next():
+                self._wake.wait(POLL_S)  # another worker runs it
+
+    def _started(self, process: subprocess.Popen) -> None:
+        self._process = process
+        if self._stop.is_set():  # stop() came between the claim and the start
+            kill_group(process)
+
+
+def app_worker(app: Flask) -> LabWorker | None:
+    """The app's worker thread, if one was started."""
+    return app.extensions.get(_WORKER_KEY)
+
+
+def start_worker(app: Flask) -> LabWorker:
+    """Start the app's worker (once): it first marks runs cut off by a restart failed, then runs
+    the queue, including runs queued before the restart."""
+    running = app_worker(app)
+    if running is not None and running.alive:
+        return running
+    lab_worker = LabWorker(app)
+    app.extensions[_WORKER_KEY] = lab_worker
+    lab_worker.start()
+    atexit.register(lab_worker.stop)  # a normal exit kills the lab it runs instead of orphaning it
+    return lab_worker
+
+
+def notify_queued(app: Flask) -> None:
+    """A run was queued: wake the worker, starting it if this app starts it on demand."""
+    autostart = app.config["LAB_WORKER_AUTOSTART"]
+    if autostart is None:
+        autostart = not app.testing
+    running = app_worker(app)
+    if running is not None and running.alive:
+        running.wake()
+    elif autostart:
+        start_worker(app)
+
+
+def init_app(app: Flask) -> None:
+    for key, value in DEFAULTS.items():
+        app.config.setdefault(key, value)
