@@ -202,8 +202,20 @@ def write_load_bank(folder: Path, decks: int = 2, per_deck: int = 10) -> Path:
     return folder
 
 
+COMMITTED_FIGURES = Path(__file__).resolve().parent / "data" / "reliability.json"
+
+
 def record_figures(basetemp: Path, name: str, figures: dict) -> None:
-    """Print the test's figures and keep them in reliability-NAME.json under pytest's temp folder."""
+    """Print the test's figures and keep them in reliability-NAME.json under pytest's temp folder.
+    They must have the keys of the committed run's (tests/data/reliability.json), which the
+    README's table is rendered from: a figure added, renamed or dropped fails the test until that
+    file is refreshed (scripts/reliability-table --collect)."""
     line = json.dumps(figures, sort_keys=True)
     print(f"RELIABILITY {name}: {line}")
     (basetemp / f"reliability-{name}.json").write_text(line + "\n")
+    committed = json.loads(COMMITTED_FIGURES.read_text())
+    assert name in committed, f"{name}: no such figures in {COMMITTED_FIGURES}"
+    assert sorted(figures) == sorted(committed[name]), (
+        f"{name}: the figures' keys differ from {COMMITTED_FIGURES}'s: refresh it from this run "
+        f"(scripts/reliability-table --collect {basetemp}) and run `make reliability-table`"
+    )
