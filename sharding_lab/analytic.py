@@ -10,7 +10,7 @@ Model states per parameter (Ψ parameters, Adam):
 - mixed precision (§3.1): params 2 B (fp16), grads 2 B, optimizer K = 12 B
   (fp32 master copy, exp_avg, exp_avg_sq).
 
-Each stage shards more of them over the N data-parallel ranks:
+Each stage shards more of them over the N data-parallel ranks (`Strategy.sharded_parts`):
 ddp nothing, zero1 (P_os) the optimizer, zero2 (P_os+g) also the gradients,
 zero3 (P_os+g+p, alias fsdp) also the parameters.
 """
@@ -20,46 +20,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
-STRATEGIES: tuple[str, ...] = ("ddp", "zero1", "zero2", "zero3")
-ALIASES: dict[str, str] = {"fsdp": "zero3"}
-
-MODEL_STATE_PARTS: tuple[str, ...] = ("params", "grads", "optimizer")
-
-# Which model-state parts each strategy shards across ranks.
-SHARDED_PARTS: dict[str, frozenset[str]] = {
-    "ddp": frozenset(),
-    "zero1": frozenset({"optimizer"}),
-    "zero2": frozenset({"grads", "optimizer"}),
-    "zero3": frozenset({"params", "grads", "optimizer"}),
-}
+from sharding_lab.strategies import MODEL_STATE_PARTS, Strategy
 
 # Bytes per parameter for each part: fp32 Adam, and the paper's mixed-precision Adam.
 FP32_ADAM_BYTES: dict[str, int] = {"params": 4, "grads": 4, "optimizer": 8}
 ADAM_OPTIMIZER_MULTIPLIER_K = 12
 MIXED_PRECISION_ADAM_BYTES: dict[str, int] = {"params": 2, "grads": 2, "optimizer": ADAM_OPTIMIZER_MULTIPLIER_K}
-
-# Paper's communication volume per step, in units of Ψ (§7): a DP all-reduce is a
-# reduce-scatter plus an all-gather (2Ψ); stages 1-2 do exactly that; stage 3
-# all-gathers parameters in forward and again in backward, then reduce-scatters (3Ψ).
-COMMUNICATION_MULTIPLE: dict[str, int] = {"ddp": 2, "zero1": 2, "zero2": 2, "zero3": 3}
-
-# The collectives behind those volumes, each moving Ψ elements: (op, phase, ring factor).
-# The ring factor is the per-rank wire traffic in units of (N-1)/N·S for a buffer of S bytes.
-COLLECTIVES_PER_STEP: dict[str, tuple[tuple[str, str, int], ...]] = {
-    "ddp": (("all_reduce", "backward", 2),),
-    "zero1": (("reduce_scatter", "backward", 1), ("all_gather", "optimizer", 1)),
-    "zero2": (("reduce_scatter", "backward", 1), ("all_gather", "optimizer", 1)),
-    "zero3": (("all_gather", "forward", 1), ("all_gather", "backward", 1), ("reduce_scatter", "backward", 1)),
-}
-
-
-def canonical_strategy(strategy: str) -> str:
-    """`strategy` as one of STRATEGIES (aliases resolved); ValueError naming the valid ones otherwise."""
-    name = ALIASES.get(strategy, strategy)
-    if name not in SHARDED_PARTS:
-        valid = ", ".join(STRATEGIES + tuple(ALIASES))
-        raise ValueError(f"unknown strategy {strategy!r}; valid strategies: {valid}")
-    return name
 
 
 def _check_counts(num_params: int, world_size: int) -> None:
@@ -77,7 +43,7 @@ def bytes_per_param(*, mixed_precision: bool = False) -> dict[str, int]:
 def model_states_bytes_per_rank(
     num_params: int,
     world_size: int,
-    strategy: str,
+    strategy: Strategy | str,
     *,
     mixed_precision: bool = False,
     padded_num_params: int | None = None,
@@ -91,7 +57,7 @@ def model_states_bytes_per_rank(
     of N, and that padding is what a measured run allocates.
     """
     _check_counts(num_params, world_size)
-    name = canonical_strategy(strategy)
+    sharded_parts = Strategy.parse(strategy).sharded_parts
     if padded_num_params is None:
         sharded_numel = -(-num_params // world_size)
     else:
@@ -103,7 +69,7 @@ def model_states_bytes_per_rank(
         sharded_numel = padded_num_params // world_size
     per_param = bytes_per_param(mixed_precision=mixed_precision)
     result = {
-        part: per_param[part] * (sharded_numel if part in SHARDED_PARTS[name] else num_params)
+        part: per_param[part] * (sharded_numel if part in sharded_parts else num_params)
         for part in MODEL_STATE_PARTS
     }
     result["total"] = sum(result.values())
@@ -111,7 +77,7 @@ def model_states_bytes_per_rank(
 
 
 def communication_bytes_per_step(
-    num_params: int, world_size: int, strategy: str, *, bytes_per_element: int = 4
+    num_params: int, world_size: int, strategy: Strategy | str, *, bytes_per_element: int = 4
 ) -> dict:
     """Communication one rank takes part in per training step.
 
@@ -121,38 +87,57 @@ def communication_bytes_per_step(
     2(N-1)/N·S; it is 0 on one rank. `collectives` lists what runs, in order.
     """
     _check_counts(num_params, world_size)
-    name = canonical_strategy(strategy)
+    plan = Strategy.parse(strategy)
     buffer_bytes = num_params * bytes_per_element
-    elements = COMMUNICATION_MULTIPLE[name] * num_params
+    elements = plan.communication_multiple * num_params
     collectives = []
     wire_bytes = 0
-    for op, phase, ring_factor in COLLECTIVES_PER_STEP[name]:
-        op_wire_bytes = ring_factor * (world_size - 1) * buffer_bytes // world_size
+    for collective in plan.collectives_per_step:
+        op_wire_bytes = ring_wire_bytes(collective.op, buffer_bytes, world_size)
         wire_bytes += op_wire_bytes
         collectives.append(
-            {"op": op, "phase": phase, "elements": num_params, "bytes": buffer_bytes, "wire_bytes": op_wire_bytes}
+            {
+                "op": collective.op,
+                "phase": collective.phase,
+                "elements": num_params,
+                "bytes": buffer_bytes,
+                "wire_bytes": op_wire_bytes,
+            }
         )
     return {
         "elements": elements,
         "bytes": elements * bytes_per_element,
-        "multiple_of_params": COMMUNICATION_MULTIPLE[name],
+        "multiple_of_params": plan.communication_multiple,
         "wire_bytes": wire_bytes,
         "wire_bytes_derived_from": "ring all-gather/reduce-scatter (N-1)/N*S, all-reduce 2(N-1)/N*S",
         "collectives": collectives,
     }
 
 
+def fsdp_shard_numel(shape: Sequence[int], world_size: int) -> int:
+    """Elements of one rank's shard of a parameter: FSDP2 pads dim 0 up to a multiple of N, so every
+    rank's shard is ceil(dim0/N) rows. A 0-dim parameter counts as shape (1,)."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    dims = tuple(shape) or (1,)
+    return -(-dims[0] // world_size) * math.prod(dims[1:])
+
+
 def fsdp_padded_numel(shapes: Iterable[Sequence[int]], world_size: int) -> int:
     """Total elements after FSDP2 pads each parameter's dim 0 up to a multiple of world_size.
 
-    Per rank that is exactly padded_numel / world_size elements. A 0-dim
-    parameter counts as shape (1,).
+    Per rank that is exactly padded_numel / world_size elements.
     """
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size}")
-    total = 0
-    for shape in shapes:
-        dims = tuple(shape) or (1,)
-        padded_dim0 = -(-dims[0] // world_size) * world_size
-        total += padded_dim0 * math.prod(dims[1:])
-    return total
+    return sum(world_size * fsdp_shard_numel(shape, world_size) for shape in shapes)
+
+
+def ring_wire_bytes(op: str, logical_bytes: int, world_size: int) -> int:
+    """Bytes each rank sends for one collective over a buffer of `logical_bytes`, by the ring
+    algorithms (derived, not measured): all-gather, reduce-scatter and a pipelined broadcast
+    (N-1)/N·S, all-reduce 2(N-1)/N·S (a reduce-scatter plus an all-gather)."""
+    n = world_size
+    if op in ("all_gather", "reduce_scatter", "broadcast"):
+        return (n - 1) * logical_bytes // n
+    if op == "all_reduce":
+        return 2 * (n - 1) * logical_bytes // n
+    raise ValueError(f"no ring formula for {op!r}")

@@ -16,9 +16,15 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
+from sharding_lab import estimate
 from sharding_lab.labs.commands import register as register_labs  # list, run (no torch on import)
-from sharding_lab.strategies import STRATEGIES, STRATEGY_ALIASES
+from sharding_lab.run_config import DEVICES, RunConfig
+from sharding_lab.strategies import NAMES, STRATEGIES
+
+if TYPE_CHECKING:
+    from sharding_lab.measurement import Measurement
 
 # Spelled out so that `--help` and `estimate` never import torch (sharding_lab.engine.model holds the real
 # definitions; a test keeps them equal).
@@ -33,20 +39,22 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mixed-precision", action="store_true", help="bf16 parameters, fp32 reduction")
     parser.add_argument("--check-gradients", action="store_true",
                         help="compare the full gradient with a single-process reference")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+    parser.add_argument("--device", choices=DEVICES, default="cpu",
                         help="cpu (gloo) or cuda (NCCL, one GPU per rank); ignored under torchrun")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds before a hung run is ended")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
-def _run_options(args: argparse.Namespace) -> dict:
-    return {"size": args.size, "prefetch": args.prefetch, "mixed_precision": args.mixed_precision,
-            "check_gradients": args.check_gradients}
+def _run_config(args: argparse.Namespace, strategy: str, **options) -> RunConfig:
+    return RunConfig.of(
+        strategy, world_size=args.world_size, device=args.device, size=args.size, prefetch=args.prefetch,
+        mixed_precision=args.mixed_precision, check_gradients=args.check_gradients, **options,
+    )
 
 
 def register_measure(subparsers) -> None:
     parser = subparsers.add_parser("measure", help="measure one strategy's memory, communication and step time")
-    parser.add_argument("--strategy", required=True, choices=[*STRATEGIES, *STRATEGY_ALIASES])
+    parser.add_argument("--strategy", required=True, choices=NAMES)
     parser.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=None,
                         help="FSDP: override the strategy's choice (zero2 off, zero3 on)")
     _add_run_options(parser)
@@ -60,13 +68,12 @@ def register_compare(subparsers) -> None:
 
 
 def run_measure(args: argparse.Namespace) -> int:
-    options = {**_run_options(args), "reshard_after_forward": args.reshard_after_forward}
-    runs = [{"strategy": args.strategy, **options}]
+    runs = [_run_config(args, args.strategy, reshard_after_forward=args.reshard_after_forward)]
     measurement = _measure(runs, args, f"measuring {args.strategy} on {args.world_size} ranks")[0]
     if measurement is None:
         return 0
     if args.json:
-        _print_json(measurement)
+        _print_json(measurement.to_json())
     else:
         from sharding_lab.report import render_measurement
 
@@ -75,13 +82,15 @@ def run_measure(args: argparse.Namespace) -> int:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    runs = [{"strategy": strategy, **_run_options(args)} for strategy in STRATEGIES]
-    measurements = _measure(runs, args, f"measuring {', '.join(STRATEGIES)} on {args.world_size} ranks")
+    runs = [_run_config(args, strategy) for strategy in STRATEGIES]
+    names = ", ".join(map(str, STRATEGIES))
+    measurements = _measure(runs, args, f"measuring {names} on {args.world_size} ranks")
     if measurements[0] is None:
         return 0
-    by_strategy = {m["config"]["strategy"]: m for m in measurements}
+    by_strategy = {str(m.strategy): m for m in measurements}
     if args.json:
-        _print_json({"world_size": args.world_size, "size": args.size, "strategies": by_strategy})
+        strategies = {name: m.to_json() for name, m in by_strategy.items()}
+        _print_json({"world_size": args.world_size, "size": args.size, "strategies": strategies})
     else:
         from sharding_lab.report import render_comparison
 
@@ -89,14 +98,13 @@ def run_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _measure(runs: list[dict], args: argparse.Namespace, description: str) -> list[dict | None]:
+def _measure(runs: list[RunConfig], args: argparse.Namespace, description: str) -> list[Measurement | None]:
     """Measure in one launch, with a progress display on an interactive stderr; None off rank 0."""
     from sharding_lab.engine.launch import is_reporting_rank
     from sharding_lab.engine.measure import measure_many
 
-    def measure(on_progress=None) -> list[dict]:
-        return measure_many(runs, args.world_size, device=args.device, timeout_s=args.timeout,
-                            on_progress=on_progress)
+    def measure(on_progress=None) -> list[Measurement]:
+        return measure_many(runs, timeout_s=args.timeout, on_progress=on_progress)
 
     if not is_reporting_rank():
         measure()
@@ -113,16 +121,8 @@ def _print_json(obj: dict) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
 
 
-def _register_estimate(subparsers) -> None:
-    try:
-        from sharding_lab import estimate
-    except ImportError:  # estimate is optional: measure and compare work without it
-        return
-    estimate.register(subparsers)
-
-
 # Every subcommand, in the order `--help` lists them. The labs' `list` and `run` go here too.
-SUBCOMMANDS: tuple[Callable[..., None], ...] = (register_measure, register_compare, _register_estimate, register_labs)
+SUBCOMMANDS: tuple[Callable[..., None], ...] = (register_measure, register_compare, estimate.register, register_labs)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,13 +15,8 @@ import json
 import re
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
-from sharding_lab.analytic import (
-    MODEL_STATE_PARTS,
-    STRATEGIES,
-    bytes_per_param,
-    communication_bytes_per_step,
-    model_states_bytes_per_rank,
-)
+from sharding_lab.analytic import bytes_per_param, communication_bytes_per_step, model_states_bytes_per_rank
+from sharding_lab.strategies import MODEL_STATE_PARTS, STRATEGIES
 
 GB = 10**9  # the ZeRO paper's GB: 7.5B params x 16 B = 120 GB
 
@@ -29,7 +24,7 @@ GB = 10**9  # the ZeRO paper's GB: 7.5B params x 16 B = 120 GB
 TABLE1_PARAMS: tuple[int, ...] = (7_500_000_000, 128_000_000_000, 1_000_000_000_000)
 TABLE1_WORLD_SIZES: tuple[int, ...] = (1, 4, 16, 64, 256, 1024)
 # The paper's column names for each strategy.
-PAPER_STAGE_NAMES: dict[str, str] = {"ddp": "baseline", "zero1": "Pos", "zero2": "Pos+g", "zero3": "Pos+g+p"}
+PAPER_STAGE_NAMES: dict[str, str] = {str(s): s.paper_name for s in STRATEGIES}
 
 _SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
 
@@ -57,7 +52,7 @@ def analytic_report(num_params: int, world_size: int, *, mixed_precision: bool =
         "mixed_precision": mixed_precision,
         "bytes_per_param": per_param,
         "strategies": {
-            strategy: {
+            str(strategy): {
                 "model_states_bytes_per_rank": model_states_bytes_per_rank(
                     num_params, world_size, strategy, mixed_precision=mixed_precision
                 ),

@@ -5,132 +5,127 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-OPS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast")
+from sharding_lab.measurement import Measurement, RankMemory
+from sharding_lab.strategies import OPS, PHASES
+from sharding_lab.units import human_bytes
+
+# (label, RankMemory field, the analytic model's part to show beside it)
+_MEMORY_ROWS: tuple[tuple[str, str, str | None], ...] = (
+    ("parameters", "params_bytes", "params"),
+    ("gradients", "grads_bytes", "grads"),
+    ("optimizer state", "optimizer_bytes", "optimizer"),
+    ("model states", "model_states_bytes", "total"),
+    ("FSDP padding (model states)", "padding_bytes", None),
+    ("persistent (between steps)", "persistent_bytes", None),
+    ("peak", "peak_bytes", None),
+    ("gathered params after forward", "unsharded_params_after_forward_bytes", None),
+    ("gathered params, most at once", "unsharded_params_peak_bytes", None),
+)
 
 
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
+def _field(rank: RankMemory, name: str) -> int:
+    return getattr(rank, name)
 
 
-def _title(m: dict) -> str:
-    c = m["config"]
+def _title(m: Measurement) -> str:
+    c = m.config
     extras = []
-    if c["strategy"] in ("zero2", "zero3"):
-        extras.append(f"reshard after forward {'on' if c['reshard_after_forward'] else 'off'}")
-        extras.append(f"prefetch {'on' if c['prefetch'] else 'off'}")
-    if c["mixed_precision"]:
+    if c.strategy.fully_sharded:
+        extras.append(f"reshard after forward {'on' if c.reshard_after_forward else 'off'}")
+        extras.append(f"prefetch {'on' if c.prefetch else 'off'}")
+    if c.mixed_precision:
         extras.append("bf16 params, fp32 reduce")
     return (
-        f"{c['strategy']} on {c['world_size']} ranks ({c['backend']}, {c['device']}), {c['size']}: "
-        f"{c['num_params']:,} params, {c['n_blocks']} blocks" + (f"; {', '.join(extras)}" if extras else "")
+        f"{c.strategy} on {c.world_size} ranks ({c.backend}, {c.device}), {c.size}: "
+        f"{c.num_params:,} params, {c.n_blocks} blocks" + (f"; {', '.join(extras)}" if extras else "")
     )
 
 
-def render_measurement(m: dict, console: Console | None = None) -> None:
+def render_measurement(m: Measurement, console: Console | None = None) -> None:
     console = console or Console()
-    predicted = (m.get("predicted") or {}).get("model_states_bytes_per_rank") or {}
+    predicted = m.predicted.model_states_bytes_per_rank
 
-    memory = Table(title=_title(m))
+    memory = Table(title=_title(m) + "; measured, with the analytic model's prediction")
     memory.add_column("per rank")
-    for rank in m["memory"]["per_rank"]:
-        memory.add_column(f"rank {rank['rank']}", justify="right")
+    for rank in m.ranks:
+        memory.add_column(f"rank {rank.rank}", justify="right")
     memory.add_column("predicted", justify="right", style="cyan")
-    rows = [
-        ("parameters", "params_bytes", "params"),
-        ("gradients", "grads_bytes", "grads"),
-        ("optimizer state", "optimizer_bytes", "optimizer"),
-        ("model states", "model_states_bytes", "total"),
-        ("FSDP padding (model states)", "padding_bytes", None),
-        ("persistent (between steps)", "persistent_bytes", None),
-        ("peak", "peak_bytes", None),
-        ("gathered params after forward", "unsharded_params_after_forward_bytes", None),
-        ("gathered params, most at once", "unsharded_params_peak_bytes", None),
-    ]
-    for label, field, part in rows:
-        cells = [human_bytes(rank.get(field)) for rank in m["memory"]["per_rank"]]
+    for label, name, part in _MEMORY_ROWS:
+        cells = [human_bytes(_field(rank, name)) for rank in m.ranks]
         memory.add_row(label, *cells, human_bytes(predicted.get(part)) if part else "")
     console.print(memory)
 
-    categories = Table(title="Peak memory by category (breakdown of the peak moment)")
+    categories = Table(title="Peak memory by category (breakdown of the peak moment, measured by the tracker)")
     categories.add_column("category")
-    for rank in m["memory"]["per_rank"]:
-        categories.add_column(f"rank {rank['rank']}", justify="right")
-    for name in m["memory"]["per_rank"][0]["categories"]:
-        values = [rank["categories"][name] for rank in m["memory"]["per_rank"]]
+    for rank in m.ranks:
+        categories.add_column(f"rank {rank.rank}", justify="right")
+    for name in m.ranks[0].categories:
+        values = [rank.categories[name] for rank in m.ranks]
         if any(values):
             categories.add_row(name, *(human_bytes(v) for v in values))
     console.print(categories)
 
     comm = Table(title="Collectives in one step (rank 0); wire bytes derived from ring formulas")
-    for column in ("op", "forward", "backward", "optimizer", "count", "bytes", "wire bytes (derived)"):
+    for column in ("op", *PHASES, "count", "bytes", "wire bytes (derived)"):
         comm.add_column(column, justify="left" if column == "op" else "right")
+    totals = m.comm.totals()
     for op in OPS:
-        ops = [c for c in m["comm"]["collectives"] if c["op"] == op]
+        ops = m.collectives(op=op)
         if not ops:
             continue
-        by_phase = [str(sum(1 for c in ops if c["phase"] == phase)) for phase in ("forward", "backward", "optimizer")]
-        total = m["comm"]["totals"][op]
-        comm.add_row(op, *by_phase, str(total["count"]), human_bytes(total["bytes"]),
-                     human_bytes(total["wire_bytes_derived"]))
+        by_phase = [str(sum(1 for c in ops if c.phase == phase)) for phase in PHASES]
+        total = totals[op]
+        comm.add_row(op, *by_phase, str(total.count), human_bytes(total.bytes), human_bytes(total.wire_bytes_derived))
     console.print(comm)
     _print_footer(m, console)
 
 
-def _print_footer(m: dict, console: Console) -> None:
-    predicted_comm = (m.get("predicted") or {}).get("communication_bytes_per_step") or {}
-    line = f"step time {m['step_time_s'] * 1000:.1f} ms; bytes per step {human_bytes(m['comm']['bytes_per_step'])}"
+def _print_footer(m: Measurement, console: Console) -> None:
+    predicted_comm = m.predicted.communication_bytes_per_step
+    line = f"step time {m.step_time_s * 1000:.1f} ms; bytes per step {human_bytes(m.comm.bytes_per_step)}"
     if predicted_comm:
         line += f" (ZeRO paper: {predicted_comm['multiple_of_params']}Ψ = {human_bytes(predicted_comm['bytes'])})"
     console.print(line)
-    parity = m.get("gradient_parity")
+    parity = m.gradient_parity
     if parity:
-        verdict = "[green]holds[/green]" if parity["holds"] else "[red]FAILS[/red]"
+        verdict = "[green]holds[/green]" if parity.holds else "[red]FAILS[/red]"
         console.print(
-            f"gradient parity {verdict}: max relative error {parity['max_relative_error']:.2e} "
-            f"({parity['worst_parameter']}), tolerance {parity['tolerance']:.0e}"
+            f"gradient parity {verdict}: max relative error {parity.max_relative_error:.2e} "
+            f"({parity.worst_parameter}), tolerance {parity.tolerance:.0e}"
         )
-    overlap = m.get("overlap")
-    if overlap:
+    if m.overlap:
         console.print(
-            f"communication overlapped compute: {overlap['overlapped_fraction_of_comm']:.0%} of "
-            f"{overlap['comm_kernel_us'] / 1000:.2f} ms of NCCL kernels"
+            f"communication overlapped compute (profiler, measured): {m.overlap.overlapped_fraction_of_comm:.0%} of "
+            f"{m.overlap.comm_kernel_us / 1000:.2f} ms of NCCL kernels"
         )
 
 
-def render_comparison(by_strategy: dict[str, dict], console: Console | None = None) -> None:
+def render_comparison(by_strategy: dict[str, Measurement], console: Console | None = None) -> None:
     console = console or Console()
-    first = next(iter(by_strategy.values()))["config"]
+    first = next(iter(by_strategy.values())).config
     table = Table(
-        title=f"Strategies side by side: {first['size']} ({first['num_params']:,} params), "
-        f"{first['world_size']} ranks, {first['backend']}; rank 0, measured (predicted)"
+        title=f"Strategies side by side: {first.size} ({first.num_params:,} params), "
+        f"{first.world_size} ranks, {first.backend}; rank 0, measured (predicted)"
     )
     table.add_column("")
     for strategy in by_strategy:
         table.add_column(strategy, justify="right")
 
-    def memory_row(label: str, field: str, part: str | None = None) -> None:
+    for label, name, part in _MEMORY_ROWS:
+        if name in ("padding_bytes", "persistent_bytes", "unsharded_params_peak_bytes"):
+            continue
         cells = []
         for m in by_strategy.values():
-            value = human_bytes(m["memory"]["per_rank"][0][field])
-            predicted = ((m.get("predicted") or {}).get("model_states_bytes_per_rank") or {}).get(part)
-            cells.append(f"{value} ({human_bytes(predicted)})" if part and predicted is not None else value)
+            value = human_bytes(_field(m.ranks[0], name))
+            predicted = m.predicted.model_states_bytes_per_rank.get(part) if part else None
+            cells.append(f"{value} ({human_bytes(predicted)})" if predicted is not None else value)
         table.add_row(label, *cells)
-
-    memory_row("parameters", "params_bytes", "params")
-    memory_row("gradients", "grads_bytes", "grads")
-    memory_row("optimizer state", "optimizer_bytes", "optimizer")
-    memory_row("model states", "model_states_bytes", "total")
-    memory_row("peak", "peak_bytes")
-    memory_row("gathered params after forward", "unsharded_params_after_forward_bytes")
     for op in OPS:
-        table.add_row(f"{op} count", *(str(m["comm"]["totals"][op]["count"]) for m in by_strategy.values()))
-    table.add_row("bytes per step", *(human_bytes(m["comm"]["bytes_per_step"]) for m in by_strategy.values()))
-    table.add_row("wire bytes per step (derived)",
-                  *(human_bytes(m["comm"]["wire_bytes_per_step_derived"]) for m in by_strategy.values()))
-    table.add_row("step time", *(f"{m['step_time_s'] * 1000:.1f} ms" for m in by_strategy.values()))
+        table.add_row(f"{op} count", *(str(m.comm.totals()[op].count) for m in by_strategy.values()))
+    table.add_row("bytes per step", *(human_bytes(m.comm.bytes_per_step) for m in by_strategy.values()))
+    table.add_row(
+        "wire bytes per step (derived)",
+        *(human_bytes(m.comm.wire_bytes_per_step_derived) for m in by_strategy.values()),
+    )
+    table.add_row("step time", *(f"{m.step_time_s * 1000:.1f} ms" for m in by_strategy.values()))
     console.print(table)

@@ -10,6 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from html import escape
 
+from sharding_lab.units import human_bytes
+
 # Colour-blind-safe (Okabe-Ito) colours, reused in order for categories without a fixed colour.
 PALETTE: tuple[str, ...] = (
     "#0072B2",
@@ -22,15 +24,6 @@ PALETTE: tuple[str, ...] = (
     "#999999",
 )
 FONT = "font-family='system-ui, sans-serif'"
-
-
-def human_bytes(value: float) -> str:
-    """Bytes with a binary unit: 1536 -> '1.5 KiB'."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def _text_width(content: str, size: int = 12) -> int:

@@ -46,13 +46,14 @@ import torch.distributed.distributed_c10d as c10d
 import torch.nn as nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
-try:
-    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup as _FSDPParamGroup
-except ImportError:  # a torch without FSDP2
-    _FSDPParamGroup = None
+from sharding_lab.analytic import ring_wire_bytes
+from sharding_lab.engine import _torch_internals as internals
+from sharding_lab.measurement import ROOT
+from sharding_lab.strategies import OPS, PHASES
+
+_FSDPParamGroup = internals.fsdp_param_group_class()
+tree_flatten = internals.tree_flatten
 
 # Dispatcher op name -> the collective it is. Functional (_c10d_functional) ops take one local tensor.
 _COLLECTIVES: dict[str, str] = {
@@ -75,9 +76,6 @@ _COLLECTIVES: dict[str, str] = {
     "broadcast": "broadcast",
 }
 _NOT_COMMUNICATION = {"wait_tensor", "barrier", "monitored_barrier_"}  # synchronisation, no payload
-OPS: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce", "broadcast")
-PHASES: tuple[str, ...] = ("forward", "backward", "optimizer")
-ROOT = "root"  # the name events use for the model itself
 _IS_COLLECTIVE: dict = {}  # op overload -> whether it is a c10d collective
 
 # torch.distributed function -> the collective it is, and the names of its first two parameters: the
@@ -96,16 +94,6 @@ Method = Literal["wrap", "dispatch"]
 # Code object -> (may hold an FSDPParamGroup as `self`, issues prefetches): the stack walk behind each
 # collective's attribution then costs a dict lookup per frame.
 _FRAME_ROLES: dict[CodeType, tuple[bool, bool]] = {}
-
-
-def ring_wire_bytes(op: str, logical_bytes: int, world_size: int) -> int | None:
-    """Bytes each rank sends for a collective of `logical_bytes`, by the ring formulas (derived)."""
-    n = world_size
-    if op in ("all_gather", "reduce_scatter", "broadcast"):
-        return (n - 1) * logical_bytes // n
-    if op == "all_reduce":
-        return 2 * (n - 1) * logical_bytes // n
-    return None
 
 
 def _tensor_bytes(obj: Any) -> int:
@@ -193,24 +181,9 @@ class CommTracker:
 
     # -- results --------------------------------------------------------------------------------------
 
-    def totals(self) -> dict[str, dict[str, int]]:
-        totals = {op: {"count": 0, "bytes": 0, "wire_bytes_derived": 0} for op in OPS}
-        for c in self.collectives:
-            entry = totals.setdefault(c["op"], {"count": 0, "bytes": 0, "wire_bytes_derived": 0})
-            entry["count"] += 1
-            entry["bytes"] += c["bytes"]
-            entry["wire_bytes_derived"] += c["wire_bytes_derived"] or 0
-        return totals
-
-    def summary(self, steps: int = 1) -> dict:
-        """The `comm` section of a measurement, for `steps` recorded steps."""
-        return {
-            "collectives": self.collectives,
-            "totals": self.totals(),
-            "bytes_per_step": sum(c["bytes"] for c in self.collectives) // steps,
-            "wire_bytes_per_step_derived": sum(c["wire_bytes_derived"] or 0 for c in self.collectives) // steps,
-            "timeline": self.timeline,
-        }
+    def summary(self) -> dict:
+        """The `comm` section of a measurement (plain JSON: it crosses from the rank to the parent)."""
+        return {"collectives": self.collectives, "timeline": self.timeline}
 
     # -- interception -----------------------------------------------------------------------------------
 
@@ -241,7 +214,7 @@ class CommTracker:
         return collective
 
     def _record_dispatched(self, func, args: tuple) -> None:
-        name = func._schema.name.split("::", 1)[1]
+        name = internals.op_name(func).split("::", 1)[1]
         if name in _NOT_COMMUNICATION:
             return
         op = _COLLECTIVES.get(name, name)
@@ -267,7 +240,7 @@ class CommTracker:
     def _attribute(self, op: str, first: Any) -> tuple[str | None, bool]:
         group, prefetch = _calling_fsdp_group()
         if group is not None:
-            return group._module_fqn or ROOT, prefetch
+            return internals.fsdp_group_module_name(group) or ROOT, prefetch
         if op == "broadcast" and isinstance(first, torch.Tensor):
             if self._param_owner is None:
                 self._param_owner = {
@@ -283,8 +256,7 @@ class CommTracker:
     def _event(self, kind: str, module: str) -> None:
         if not self._recording:
             return
-        pass_name, edge = kind.split("_")  # "forward_start" -> ("forward", "start")
-        self.timeline.append({"event": kind, "module": module, "pass": pass_name, "edge": edge, "phase": self._phase})
+        self.timeline.append({"event": kind, "module": module, "phase": self._phase})
 
     def _hook(self, name: str, module: nn.Module) -> list:
         def watching() -> bool:
@@ -341,7 +313,7 @@ class CommTracker:
             if not has_input_grad:
                 # The root's input (token ids) has no gradient: its backward ends with the whole
                 # backward, after FSDP's own final callback (queued earlier, so run earlier).
-                torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end(name))
+                internals.queue_autograd_callback(self._on_backward_end(name))
 
         return hook
 
@@ -374,8 +346,6 @@ def _unit_of(param_name: str, units: dict[str, nn.Module]) -> str:
 
 def _calling_fsdp_group() -> tuple[Any, bool]:
     """The FSDP parameter group issuing the current collective, read from the Python stack."""
-    if _FSDPParamGroup is None:  # a torch without FSDP2: nothing to find
-        return None, False
     frame = sys._getframe(2)
     group = None
     prefetch = False
@@ -385,8 +355,8 @@ def _calling_fsdp_group() -> tuple[Any, bool]:
         if role is None:
             # Only FSDPParamGroup's own methods can hold it as `self`; reading f_locals elsewhere is slow.
             role = _FRAME_ROLES[code] = (
-                code.co_filename.endswith("_fsdp_param_group.py") and "self" in code.co_varnames,
-                code.co_name in ("_prefetch_unshard", "_backward_prefetch"),
+                code.co_filename.endswith(internals.FSDP_PARAM_GROUP_FILE) and "self" in code.co_varnames,
+                code.co_name in internals.FSDP_PREFETCH_METHODS,
             )
         holds_group, prefetches = role
         if holds_group and group is None:
@@ -424,7 +394,7 @@ def _route_ddp_all_reduce_through_python(model: nn.Module) -> bool:
     """
     if not isinstance(model, DistributedDataParallel):
         return True
-    hooks = [hook for hook, _state in model._comm_hooks]
+    hooks = internals.ddp_comm_hooks(model)
     if hooks:
         return hooks == [allreduce_hook]
     if model.broadcast_buffers and next(model.module.buffers(), None) is not None:
@@ -433,7 +403,7 @@ def _route_ddp_all_reduce_through_python(model: nn.Module) -> bool:
     return True
 
 
-class _DispatchInterceptor(TorchDispatchMode):
+class _DispatchInterceptor(internals.dispatch_mode_class()):
     """The reference method: sees every op of the step and records the `c10d` collectives among them."""
 
     def __init__(self, tracker: CommTracker):

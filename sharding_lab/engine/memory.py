@@ -15,15 +15,16 @@ Two sources, kept apart:
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
+
+from sharding_lab.analytic import fsdp_shard_numel
+from sharding_lab.engine import _torch_internals as internals
+from sharding_lab.measurement import CATEGORIES
 
 # Tracker category -> ours. FSDP's tracker splits parameters and gradients into sharded and unsharded.
 _CATEGORY_NAMES: dict[str, str] = {
@@ -43,18 +44,6 @@ _CATEGORY_NAMES: dict[str, str] = {
     "Inputs": "inputs",
     "Other": "other",
 }
-CATEGORIES: tuple[str, ...] = (
-    "params",
-    "grads",
-    "optimizer",
-    "activations",
-    "temporaries",
-    "all_gather_buffers",
-    "reduce_scatter_buffers",
-    "buffers",
-    "inputs",
-    "other",
-)
 _TOTAL = "Total"
 
 
@@ -67,11 +56,16 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 def _padded_local_numel(p: torch.Tensor, world_size: int) -> int:
-    """FSDP2 pads dim 0 up to a multiple of N; every rank's shard is then ceil(dim0/N) rows."""
-    if not isinstance(p, DTensor):
-        return p.numel()
-    shape = tuple(p.shape) or (1,)
-    return math.ceil(shape[0] / world_size) * math.prod(shape[1:])
+    """A sharded parameter's padded shard on every rank; an unsharded one is whole."""
+    return fsdp_shard_numel(tuple(p.shape), world_size) if isinstance(p, DTensor) else p.numel()
+
+
+def padded_numel(model: nn.Module, world_size: int) -> int:
+    """Elements after FSDP2 pads each sharded parameter's dim 0 to a multiple of N (others as they are)."""
+    return sum(
+        world_size * _padded_local_numel(p, world_size) if isinstance(p, DTensor) else p.numel()
+        for p in model.parameters()
+    )
 
 
 def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer, world_size: int) -> dict[str, int]:
@@ -84,12 +78,11 @@ def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer, world_
     optimizer state at this run's element sizes, so `model_states_bytes + padding_bytes` is the padded
     prediction.
     """
-    params = grads = padding_elements = numel = 0
+    params = grads = padding_elements = 0
     param_element_size = grad_element_size = 4
     for p in model.parameters():
         local = _local(p)
         params += _nbytes(local)
-        numel += local.numel()
         param_element_size = local.element_size()
         padding_elements += _padded_local_numel(p, world_size) - local.numel()
         if p.grad is not None:
@@ -116,7 +109,6 @@ def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer, world_
         "optimizer_bytes": optimizer_bytes,
         "optimizer_scalar_bytes": scalar_bytes,
         "model_states_bytes": params + grads + optimizer_bytes,
-        "local_param_elements": numel,
         "padding_elements": padding_elements,
         "padding_bytes": int(padding_elements * (param_element_size + grad_element_size + optimizer_per_element)),
     }
@@ -136,27 +128,6 @@ def _unsharded_params(snapshot: dict[str, int], fsdp: bool) -> int:
     return sum(v for k, v in snapshot.items() if getattr(k, "value", k) == wanted)
 
 
-class _KeepsCategoryPeaks:
-    """Mixin for torch's trackers: remember each category's largest value, at every update."""
-
-    def _update_snap(self, *args: Any, **kwargs: Any) -> None:
-        super()._update_snap(*args, **kwargs)
-        peaks = self.__dict__.setdefault("category_peaks", {})
-        for device, snapshot in self._curr_mem_snap.items():
-            device_peaks = peaks.setdefault(device, {})
-            for key, value in snapshot.items():
-                if value > device_peaks.get(key, 0):
-                    device_peaks[key] = value
-
-
-class _FSDPTracker(_KeepsCategoryPeaks, FSDPMemTracker):
-    pass
-
-
-class _PlainTracker(_KeepsCategoryPeaks, MemTracker):
-    pass
-
-
 class MemoryTracker:
     """Track one rank's memory over the steps run inside `with tracker:`."""
 
@@ -164,16 +135,12 @@ class MemoryTracker:
         self.device = device
         self.fsdp = isinstance(model, FSDPModule)
         if self.fsdp:
-            self._tracker: MemTracker = _FSDPTracker(model, optimizer)
+            self._tracker = internals.with_category_peaks(internals.fsdp_mem_tracker_class())(model, optimizer)
         else:
-            self._tracker = _PlainTracker()
+            self._tracker = internals.with_category_peaks(internals.mem_tracker_class())()
             self._tracker.track_external(model, getattr(optimizer, "optim", optimizer))
         self.after_forward: dict[str, int] | None = None
         self.persistent: dict[str, int] | None = None
-
-    def track_inputs(self, *inputs: torch.Tensor) -> None:
-        if self.fsdp:
-            self._tracker.track_inputs(inputs)
 
     def __enter__(self) -> MemoryTracker:
         if self.device.type == "cuda":
@@ -190,9 +157,6 @@ class MemoryTracker:
     def _device_key(self) -> torch.device:
         return torch.device("cpu") if self.device.type == "cpu" else self.device
 
-    def unsharded_params_now(self) -> int:
-        return _unsharded_params(self._current(), self.fsdp)
-
     def mark_after_forward(self) -> None:
         self.after_forward = self._current()
 
@@ -203,7 +167,7 @@ class MemoryTracker:
     def result(self) -> dict:
         key = self._device_key()
         peak = self._tracker.get_tracker_snapshot("peak").get(key, {})
-        category_peaks = getattr(self._tracker, "category_peaks", {}).get(key, {})
+        category_peaks = self._tracker.__dict__.get("category_peaks", {}).get(key, {})
         persistent = self.persistent or {}
         return {
             "peak_bytes": int(peak.get(_TOTAL, 0)),
@@ -214,11 +178,8 @@ class MemoryTracker:
             "category_peaks": {
                 name: value for name, value in _normalise(category_peaks).items()
             },
-            "persistent_categories": _normalise(persistent),
             "unsharded_params_peak_bytes": int(_unsharded_params(category_peaks, self.fsdp)),
-            "unsharded_params_at_peak_bytes": int(_unsharded_params(peak, self.fsdp)),
             "unsharded_params_after_forward_bytes": int(_unsharded_params(self.after_forward or {}, self.fsdp)),
-            "tracker": type(self._tracker).__mro__[2].__name__,
             "cuda_max_memory_allocated": (
                 int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda" else None
             ),

@@ -12,7 +12,6 @@ parameters before wrapping, because DDP broadcasts rank 0's parameters when it i
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -21,46 +20,25 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
-from sharding_lab.strategies import (  # noqa: F401 - re-exported: the strategy names live without torch
-    STRATEGIES,
-    STRATEGY_ALIASES,
-    STRATEGY_DESCRIPTIONS,
-    canonical_strategy,
-    describe,
-    is_fully_sharded,
-)
-
-
-@dataclass(frozen=True)
-class ParallelOptions:
-    prefetch: bool = True
-    """FSDP: explicit prefetching. On, each unit issues the next unit's all-gather right after its own
-    (forward: the next block; backward: the previous block). Off, no prefetching at all (FSDP's
-    implicit backward prefetch is switched off too): every all-gather is issued by the unit that
-    needs it."""
-    mixed_precision: bool = False
-    """bf16 parameters for compute, fp32 gradient reduction; the sharded/master copies stay fp32."""
-    reshard_after_forward: bool | None = None
-    """FSDP: override the strategy's choice (zero2: False, zero3: True) for the blocks."""
-    lr: float = 1e-3
-    """Adam's learning rate."""
-
+from sharding_lab.engine import _torch_internals as internals
+from sharding_lab.run_config import ParallelOptions
+from sharding_lab.strategies import Strategy
 
 OptimizerFactory = Callable[[], torch.optim.Optimizer]
 
 
 def parallelize(
-    model: nn.Module, strategy: str, mesh: DeviceMesh, options: ParallelOptions | None = None
+    model: nn.Module, strategy: Strategy | str, mesh: DeviceMesh, options: ParallelOptions | None = None
 ) -> tuple[nn.Module, OptimizerFactory]:
     """Apply `strategy` over the 1-D data-parallel `mesh`; return the model and its optimizer factory.
 
     The model must expose `model.blocks` (the units FSDP shards one at a time).
     """
     options = options or ParallelOptions()
-    strategy = canonical_strategy(strategy)
-    if strategy in ("ddp", "zero1"):
+    strategy = Strategy.parse(strategy)
+    if strategy.uses_ddp:
         return _apply_ddp(model, strategy, mesh, options)
-    reshard = strategy == "zero3" if options.reshard_after_forward is None else options.reshard_after_forward
+    reshard = strategy.reshard_after_forward(options.reshard_after_forward)
     return _apply_fsdp(model, mesh, options, reshard_after_forward=reshard)
 
 
@@ -71,7 +49,7 @@ def _adam(params, lr: float) -> torch.optim.Optimizer:
 
 
 def _apply_ddp(
-    model: nn.Module, strategy: str, mesh: DeviceMesh, options: ParallelOptions
+    model: nn.Module, strategy: Strategy, mesh: DeviceMesh, options: ParallelOptions
 ) -> tuple[nn.Module, OptimizerFactory]:
     device = next(model.parameters()).device
     mixed_precision = None
@@ -80,9 +58,7 @@ def _apply_ddp(
         # records CUDA events to order its parameter copies, so it runs on CUDA only.
         if device.type != "cuda":
             raise ValueError(f"{strategy} with mixed precision needs CUDA (DDP's mixed precision uses CUDA events)")
-        from torch.nn.parallel.distributed import _MixedPrecision
-
-        mixed_precision = _MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        mixed_precision = internals.ddp_mixed_precision(torch.bfloat16, torch.float32)
     ddp_model = DistributedDataParallel(
         model,
         device_ids=[device.index] if device.type == "cuda" else None,
@@ -91,7 +67,7 @@ def _apply_ddp(
         gradient_as_bucket_view=True,
         mixed_precision=mixed_precision,
     )
-    if strategy == "ddp":
+    if strategy is Strategy.DDP:
         return ddp_model, lambda: _adam(ddp_model.parameters(), options.lr)
 
     def make_zero1_optimizer() -> torch.optim.Optimizer:
@@ -131,13 +107,15 @@ def _apply_fsdp(
             module.set_modules_to_backward_prefetch(blocks[i - 2 : i - 1] if i >= 2 else [])
         else:
             # An empty explicit list means "FSDP's default", which still prefetches in backward.
-            _disable_implicit_backward_prefetch(module)
+            internals.disable_implicit_backward_prefetch(module)
     if options.prefetch:
         model.set_modules_to_backward_prefetch([blocks[-1]])  # backward starts at the root
 
+    # 4. Only to show the gradient-parity check can fail: sum instead of average.
+    if options.gradient_divide_factor is not None:
+        for module in order:
+            # Plain sums on the wire, then a division by the factor: gloo has no pre-multiplied sum.
+            module.set_force_sum_reduction_for_comms(True)
+            module.set_gradient_divide_factor(options.gradient_divide_factor)
+
     return model, lambda: _adam(model.parameters(), options.lr)
-
-
-def _disable_implicit_backward_prefetch(fsdp_module: nn.Module) -> None:
-    for group in fsdp_module._get_fsdp_state()._fsdp_param_groups:
-        group._backward_prefetch = lambda: None  # instance attribute shadows the method

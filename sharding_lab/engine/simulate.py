@@ -11,7 +11,7 @@ Three deviations from torchtitan's estimation.py, all for speed at large world s
   shards the model while it is still on the meta device, outside FakeTensorMode: FSDP2 splits every
   parameter into N chunks, and 1024 FakeTensor chunks per parameter take ~50 s for a 70B model where
   meta chunks take ~2 s. `to_empty` then materializes the sharded parameters as FakeTensors.
-- The tracker keeps only the global peak (see _GlobalPeakMemTracker).
+- The tracker keeps only the global peak (`_torch_internals.global_peak_only`).
 """
 
 from __future__ import annotations
@@ -21,15 +21,16 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
 from torch.distributed.device_mesh import init_device_mesh
 
 from sharding_lab.analytic import fsdp_padded_numel, model_states_bytes_per_rank
+from sharding_lab.engine import _torch_internals as internals
 from sharding_lab.engine.model import GPT, config_for
-from sharding_lab.engine.parallelize import ParallelOptions, parallelize
+from sharding_lab.engine.parallelize import parallelize
+from sharding_lab.run_config import ParallelOptions
+from sharding_lab.strategies import Strategy
 
-SIMULATED_STRATEGY = "zero3"
+SIMULATED_STRATEGY = Strategy.ZERO3
 SIMULATED_RANK = 0  # rank 0 holds the largest shard of every parameter (torch.chunk puts the remainder last)
 # torch.optim.Adam keeps a float32 scalar `step` tensor per parameter beside exp_avg and exp_avg_sq;
 # the paper's 8 bytes per parameter do not count it.
@@ -38,37 +39,23 @@ ADAM_STEP_COUNTER_BYTES = 4
 DEFAULT_SEQ = 128
 
 # The tracker's categories, under the names the rest of sharding_lab uses.
-CATEGORY_NAMES: dict[_FSDPRefType, str] = {
-    _FSDPRefType.SHARDED_PARAM: "params",
-    _FSDPRefType.SHARDED_GRAD: "grads",
-    _FSDPRefType.OPT: "optimizer",
-    _FSDPRefType.ACT: "activations",
-    _FSDPRefType.TEMP: "temporaries",
-    _FSDPRefType.UNSHARDED_PARAM: "unsharded_params",
-    _FSDPRefType.UNSHARDED_GRAD: "unsharded_grads",
-    _FSDPRefType.ALL_GATHER: "all_gather_buffers",
-    _FSDPRefType.REDUCE_SCATTER: "reduce_scatter_buffers",
-    _FSDPRefType.BUFFER: "module_buffers",
-    _FSDPRefType.INP: "inputs",
+_REF = internals.fsdp_ref_types()
+CATEGORY_NAMES: dict = {
+    _REF.SHARDED_PARAM: "params",
+    _REF.SHARDED_GRAD: "grads",
+    _REF.OPT: "optimizer",
+    _REF.ACT: "activations",
+    _REF.TEMP: "temporaries",
+    _REF.UNSHARDED_PARAM: "unsharded_params",
+    _REF.UNSHARDED_GRAD: "unsharded_grads",
+    _REF.ALL_GATHER: "all_gather_buffers",
+    _REF.REDUCE_SCATTER: "reduce_scatter_buffers",
+    _REF.BUFFER: "module_buffers",
+    _REF.INP: "inputs",
 }
-
-
-class _GlobalPeakMemTracker(FSDPMemTracker):
-    """FSDPMemTracker keeping only the global peak, not each module's.
-
-    Its per-module peaks walk every tracked module on every dispatched op: a third of the
-    run time for 80 blocks, for figures the simulation never reads.
-    """
-
-    def _update_peak_stats(self, peak_state) -> None:
-        try:
-            current, peak, peak_snapshot = self._curr_mem_snap, self._peak_mem, self._peak_mem_snap
-        except AttributeError:  # a torch whose tracker keeps these elsewhere: do the full update
-            return super()._update_peak_stats(peak_state)
-        for device, device_snapshot in current.items():
-            if peak.get(device, 0) < device_snapshot["Total"]:
-                peak[device] = device_snapshot["Total"]
-                peak_snapshot[device] = dict(device_snapshot)
+# FSDPMemTracker keeping only the global peak: its per-module peaks walk every tracked module on every
+# dispatched op, a third of the run time for 80 blocks, for figures the simulation never reads.
+_GlobalPeakMemTracker = internals.global_peak_only(internals.fsdp_mem_tracker_class())
 
 
 def _by_category(snapshot: dict) -> dict[str, int]:
@@ -114,11 +101,9 @@ def simulate(
     if dist.is_initialized():
         raise RuntimeError("simulate starts its own fake process group; this process already has one")
 
-    # The fake backend is registered by importing its module; it answers every collective at once.
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
     started = time.perf_counter()
-    dist.init_process_group("fake", rank=SIMULATED_RANK, world_size=world_size, store=FakeStore())
+    # The fake backend answers every collective at once (fetching its store registers it).
+    dist.init_process_group("fake", rank=SIMULATED_RANK, world_size=world_size, store=internals.fake_store())
     try:
         mesh = init_device_mesh("cpu", (world_size,))
         with torch.device("meta"):
@@ -130,7 +115,7 @@ def simulate(
             model, SIMULATED_STRATEGY, mesh, ParallelOptions(prefetch=prefetch, mixed_precision=mixed_precision)
         )
         # allow_non_fake_inputs: `to_empty` reads the meta parameters once to make their fake twins.
-        with FakeTensorMode(allow_non_fake_inputs=True):
+        with internals.fake_tensor_mode(allow_non_fake_inputs=True):
             model.to_empty(device="cpu")  # no init_weights(): fake tensors have no values to set
             optimizer = make_optimizer()
             idx = torch.randint(0, config.vocab_size, (batch, seq))
@@ -171,7 +156,7 @@ def simulate(
     return {
         "size": size,
         "config": config.to_dict(),
-        "strategy": SIMULATED_STRATEGY,
+        "strategy": str(SIMULATED_STRATEGY),
         "rank": SIMULATED_RANK,
         "world_size": world_size,
         "batch": batch,

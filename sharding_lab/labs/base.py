@@ -1,35 +1,32 @@
 """The shapes every lab shares: what it runs, its verdict and its report.
 
 A lab pairs a catalogue entry (`sharding_lab.catalog.LabInfo`: id, title, claim, questions) with
-the engine configurations it needs, a check that can fail and a report with numbers. Checks and
-reports read plain measurement dicts (the engine's JSON), so they run without torch and can be
-fed doctored measurements in tests.
+the engine configurations it needs, an analysis of their measurements, a check that can fail and a
+report with numbers. The check and the report read the same analysis, computed once. Everything
+reads typed `Measurement`s (sharding_lab.measurement), so labs run without torch and can be fed
+doctored measurements in tests.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 from sharding_lab.catalog import LABS_BY_ID, LabInfo
+from sharding_lab.measurement import Measurements
+from sharding_lab.run_config import RunConfig
+from sharding_lab.strategies import Strategy
 
-# One engine measurement (the JSON `sharding_lab.engine.measure.measure` returns), keyed by RunSpec.key.
-Measurements = Mapping[str, dict]
+A = TypeVar("A")  # a lab's analysis
 
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One engine configuration a lab needs."""
+    """One engine configuration a lab needs, and the key its check and report find it by."""
 
-    key: str  # how the lab's check and report find this run, e.g. "zero3" or "zero3, N=4"
-    strategy: str  # ddp, zero1, zero2, zero3
-    world_size: int
-    options: tuple[tuple[str, object], ...] = ()  # engine options, e.g. (("prefetch", True),)
-
-    @property
-    def engine_config(self) -> tuple[str, int, tuple[tuple[str, object], ...]]:
-        """Identity of the engine run: labs that need the same configuration share one measurement."""
-        return (self.strategy, self.world_size, tuple(sorted(self.options)))
+    key: str  # e.g. "zero3" or "zero3, N=4"
+    config: RunConfig  # hashable: labs that need the same configuration share one measurement
 
 
 @dataclass(frozen=True)
@@ -55,15 +52,27 @@ class Report:
 
 
 @dataclass(frozen=True)
-class Lab:
+class Lab(Generic[A]):
     info: LabInfo
     runs: Callable[[int], tuple[RunSpec, ...]]  # the configurations to measure at world size N
-    check: Callable[[Measurements], Verdict]
-    report: Callable[[Measurements], Report]
+    analyse: Callable[[Measurements], A]  # every figure the check and the report use, computed once
+    check_analysis: Callable[[A], Verdict]
+    report_analysis: Callable[[A], Report]
 
     @property
     def id(self) -> str:
         return self.info.id
+
+    def assess(self, measurements: Measurements) -> tuple[Verdict, Report]:
+        """The verdict and the report, from one analysis of the measurements."""
+        analysis = self.analyse(measurements)
+        return self.check_analysis(analysis), self.report_analysis(analysis)
+
+    def check(self, measurements: Measurements) -> Verdict:
+        return self.check_analysis(self.analyse(measurements))
+
+    def report(self, measurements: Measurements) -> Report:
+        return self.report_analysis(self.analyse(measurements))
 
 
 class Conditions:
@@ -83,12 +92,12 @@ class Conditions:
         )
 
 
-def runs_at(*configs: tuple[str, str, dict]) -> Callable[[int], tuple[RunSpec, ...]]:
-    """A lab's runs, all at the lab's world size: (key, strategy, options) each."""
+def runs_at(*configs: tuple[str, Strategy, dict[str, Any]]) -> Callable[[int], tuple[RunSpec, ...]]:
+    """A lab's runs, all at the lab's world size: (key, strategy, RunConfig.of's options) each."""
 
     def runs(world_size: int) -> tuple[RunSpec, ...]:
         return tuple(
-            RunSpec(key, strategy, world_size, tuple(sorted(options.items())))
+            RunSpec(key, RunConfig.of(strategy, world_size=world_size, **options))
             for key, strategy, options in configs
         )
 
@@ -112,8 +121,9 @@ def near(value: float, target: float, tolerance: float) -> bool:
 def catalog_lab(
     lab_id: str,
     runs: Callable[[int], tuple[RunSpec, ...]],
-    check: Callable[[Measurements], Verdict],
-    report: Callable[[Measurements], Report],
-) -> Lab:
+    analyse: Callable[[Measurements], A],
+    check: Callable[[A], Verdict],
+    report: Callable[[A], Report],
+) -> Lab[A]:
     """The runnable lab for a catalogue id (KeyError for an id the catalogue does not have)."""
-    return Lab(LABS_BY_ID[lab_id], runs, check, report)
+    return Lab(LABS_BY_ID[lab_id], runs, analyse, check, report)

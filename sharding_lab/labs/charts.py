@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sharding_lab import svg
-from sharding_lab.labs import readings as read
-from sharding_lab.labs.base import Measurements
+from sharding_lab.measurement import PARTS, Measurement, Measurements, block_index, paper_units
+from sharding_lab.units import human_bytes
 
 MEMORY_COLOURS = {
     "params": "#0072B2",
@@ -38,10 +38,10 @@ def model_states_chart(
     bars = []
     for key in keys:
         m = measurements[key]
-        for rank in range(len(read.ranks(m)) if every_rank else 1):
+        for rank in range(len(m.ranks) if every_rank else 1):
             label = f"{key}, rank {rank}" if every_rank else key
-            bars.append(svg.Bar(label, {part: read.part_bytes(m, part)[rank] for part in read.PARTS}))
-    return svg.stacked_bar_chart(title, bars, read.PARTS, colours=MEMORY_COLOURS)
+            bars.append(svg.Bar(label, {part: m.part_bytes(part)[rank] for part in PARTS}))
+    return svg.stacked_bar_chart(title, bars, PARTS, colours=MEMORY_COLOURS)
 
 
 def memory_categories_chart(
@@ -50,8 +50,8 @@ def memory_categories_chart(
     """Memory by category as the engine's tracker attributed it (at the rank's peak), a bar per run."""
     names = list(MEMORY_COLOURS)
     for key in keys:
-        names += [name for name in read.categories(measurements[key], rank) if name not in names]
-    bars = [svg.Bar(key, read.categories(measurements[key], rank)) for key in keys]
+        names += [name for name in measurements[key].categories(rank) if name not in names]
+    bars = [svg.Bar(key, measurements[key].categories(rank)) for key in keys]
     return svg.stacked_bar_chart(title, bars, names, colours=MEMORY_COLOURS)
 
 
@@ -61,21 +61,21 @@ def volume_by_op_chart(title: str, measurements: Measurements, keys: Sequence[st
     ops = ["all_reduce", "broadcast", "all_gather", "reduce_scatter"]
     bars = []
     for key in keys:
-        totals = read.totals_by_op(measurements[key])
+        totals = measurements[key].totals_by_op()
         ops += [op for op in totals if op not in ops]
-        bars.append(svg.Bar(key, {op: read.paper_units(op) * entry["bytes"] for op, entry in totals.items()}))
+        bars.append(svg.Bar(key, {op: paper_units(op) * entry.bytes for op, entry in totals.items()}))
     return svg.stacked_bar_chart(title, bars, ops, colours=OP_COLOURS)
 
 
-def timeline_chart(title: str, m: dict) -> str:
+def timeline_chart(title: str, m: Measurement) -> str:
     """Each FSDP unit as a lane: its forward/backward compute as bars, its collectives as diamonds,
     in the order they were issued, with the forward/backward/optimizer phases shaded."""
-    events = read.timeline(m)
+    events = m.timeline()
     lanes: list[str] = []
     for event in events:
         if event.module and event.module not in lanes:
             lanes.append(event.module)
-    lanes.sort(key=lambda name: (read.block_index(name) is not None, read.block_index(name) or 0))
+    lanes.sort(key=lambda name: (block_index(name) is not None, block_index(name) or 0))
     chart = svg.Timeline(lanes=lanes, length=len(events))
 
     open_spans: dict[tuple[str, str], int] = {}
@@ -86,7 +86,7 @@ def timeline_chart(title: str, m: dict) -> str:
             start = open_spans.pop((event.module, event.phase))
             chart.spans.append(svg.Span(event.module, start, event.position, event.phase))
         elif event.kind == "collective" and event.module:
-            note = f"{event.op} {svg.human_bytes(event.bytes)} ({event.phase}, {event.module})"
+            note = f"{event.op} {human_bytes(event.bytes)} ({event.phase}, {event.module})"
             chart.markers.append(svg.Marker(event.module, event.position, event.op, note))
 
     # Contiguous runs of one phase become the shaded bands.

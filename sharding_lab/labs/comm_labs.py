@@ -10,9 +10,9 @@ all-gather), every other collective once; Ψ is the model's fp32 parameter bytes
 
 from __future__ import annotations
 
-from sharding_lab.analytic import COMMUNICATION_MULTIPLE
+from dataclasses import dataclass
+
 from sharding_lab.labs import charts
-from sharding_lab.labs import readings as read
 from sharding_lab.labs.base import (
     Conditions,
     Lab,
@@ -25,7 +25,9 @@ from sharding_lab.labs.base import (
     percent,
     runs_at,
 )
-from sharding_lab.svg import human_bytes
+from sharding_lab.measurement import Event, Measurement, block_collectives, block_index, module_event
+from sharding_lab.strategies import Strategy
+from sharding_lab.units import human_bytes
 
 # "About" a multiple of Ψ: padding of uneven dims and DDP's bucketing may add a few bytes.
 VOLUME_TOLERANCE = 0.02
@@ -34,7 +36,7 @@ VOLUME_TOLERANCE = 0.02
 TRADEOFF_RANGE = (1.25, 1.5 * (1 + VOLUME_TOLERANCE))
 
 
-def _issued_before(first: read.Event | None, second: read.Event | None) -> bool:
+def _issued_before(first: Event | None, second: Event | None) -> bool:
     """Whether both events happened and `first` came before `second` in the timeline."""
     return first is not None and second is not None and first.position < second.position
 
@@ -42,58 +44,69 @@ def _issued_before(first: read.Event | None, second: read.Event | None) -> bool:
 # --- allgather-before-layer ------------------------------------------------------------------------------
 
 
-def _gathered_just_before(events: list[read.Event], gather: read.Event | None, block: int) -> bool:
+def _gathered_just_before(events: list[Event], gather: Event | None, block: int) -> bool:
     """Whether `gather` came before block `block` started, with no other block starting or ending between."""
-    start = read.module_event(events, block, "forward", "start")
+    start = module_event(events, block, "forward", "start")
     if not _issued_before(gather, start):
         return False
     between = events[gather.position + 1 : start.position]
-    return not any(e.kind != "collective" and read.block_index(e.module) is not None for e in between)
+    return not any(e.kind != "collective" and block_index(e.module) is not None for e in between)
 
 
-def check_allgather_before_layer(ms: Measurements) -> Verdict:
+@dataclass(frozen=True)
+class GatherBeforeBlocks:
+    m: Measurement
+    events: list[Event]
+    gathers: dict[int, list[Event]]  # block -> its forward all-gathers
+    just_before: list[bool]  # per block: its all-gather came right before it started
+    forward_total: int  # bytes all-gathered in forward
+    root: int  # the root unit's full parameter bytes
+    block: int  # the largest block's
+
+
+def analyse_allgather_before_layer(ms: Measurements) -> GatherBeforeBlocks:
     m = ms["zero3"]
-    events = read.timeline(m)
-    gathers = read.block_collectives(events, "all_gather", "forward")
-    blocks = range(read.n_blocks(m))
+    events = m.timeline()
+    gathers = block_collectives(events, "all_gather", "forward")
+    just_before = [_gathered_just_before(events, gathers.get(i, [None])[0], i) for i in range(m.n_blocks)]
+    forward_total = sum(c.bytes for c in m.collectives(op="all_gather", phase="forward"))
+    return GatherBeforeBlocks(m, events, gathers, just_before, forward_total, *m.root_and_block_bytes())
+
+
+def check_allgather_before_layer(a: GatherBeforeBlocks) -> Verdict:
+    blocks = range(a.m.n_blocks)
     c = Conditions()
     c.require(
-        all(len(gathers.get(i, [])) == 1 for i in blocks),
-        f"one forward all-gather per block ({[len(gathers.get(i, [])) for i in blocks]})",
+        all(len(a.gathers.get(i, [])) == 1 for i in blocks),
+        f"one forward all-gather per block ({[len(a.gathers.get(i, [])) for i in blocks]})",
     )
-    just_before = [_gathered_just_before(events, gathers.get(i, [None])[0], i) for i in blocks]
     c.require(
-        all(just_before), f"each block's all-gather comes just before its forward starts ({just_before})"
+        all(a.just_before), f"each block's all-gather comes just before its forward starts ({a.just_before})"
     )
-    sizes = {e.bytes for i in blocks for e in gathers.get(i, [])}
+    sizes = {e.bytes for i in blocks for e in a.gathers.get(i, [])}
     c.require(len(sizes) == 1, f"every block gathers the same full bytes ({sorted(sizes)})")
-    forward_total = sum(int(x["bytes"]) for x in read.collectives(m, op="all_gather", phase="forward"))
-    full = read.padded_full_bytes(m, "params")  # an all-gather moves FSDP's padding too
+    full = a.m.padded_full_bytes("params")  # an all-gather moves FSDP's padding too
     c.require(
-        forward_total == full,
-        f"forward all-gathers add up to the full parameters ({forward_total:,} of {full:,} B)",
+        a.forward_total == full,
+        f"forward all-gathers add up to the full parameters ({a.forward_total:,} of {full:,} B)",
     )
     return c.verdict()
 
 
-def report_allgather_before_layer(ms: Measurements) -> Report:
-    m = ms["zero3"]
-    events = read.timeline(m)
-    gathers = read.block_collectives(events, "all_gather", "forward")
-    root, block = read.root_and_block_bytes(m)
-    n = read.world_size(m)
-    full, padded = read.full_bytes(m, "params"), read.padded_full_bytes(m, "params")
+def report_allgather_before_layer(a: GatherBeforeBlocks) -> Report:
+    m, n = a.m, a.m.world_size
+    full, padded = m.full_bytes("params"), m.padded_full_bytes("params")
     padding = f" ({human_bytes(padded)} with FSDP's padding)" if padded > full else ""
     finding = (
-        f"In forward, each of the {read.n_blocks(m)} blocks was preceded by one all-gather of {human_bytes(block)} "
-        f"({block:,} B, its full fp32 parameters; each rank contributed {human_bytes(block // n)}), issued right "
-        f"before the block started; with the root's {human_bytes(root)} they add up to the model's "
+        f"In forward, each of the {m.n_blocks} blocks was preceded by one all-gather of {human_bytes(a.block)} "
+        f"({a.block:,} B, its full fp32 parameters; each rank contributed {human_bytes(a.block // n)}), issued right "
+        f"before the block started; with the root's {human_bytes(a.root)} they add up to the model's "
         f"{human_bytes(full)}{padding}. (Prefetching off here; with it, each gather moves one block earlier.)"
     )
     rows = []
-    for i in range(read.n_blocks(m)):
-        gather = gathers.get(i, [None])[0]
-        start = read.module_event(events, i, "forward", "start")
+    for i in range(m.n_blocks):
+        gather = a.gathers.get(i, [None])[0]
+        start = module_event(a.events, i, "forward", "start")
         rows.append(
             (
                 f"block {i}",
@@ -112,17 +125,17 @@ def report_allgather_before_layer(ms: Measurements) -> Report:
 # --- prefetch-overlap -------------------------------------------------------------------------------------
 
 
-def prefetched_blocks(m: dict, phase: str) -> list[bool]:
+def prefetched_blocks(m: Measurement, phase: str) -> list[bool]:
     """For each block that has a successor in `phase`, whether the successor's all-gather was issued
     before this block's compute ended. Forward runs blocks 0..n-1, backward n-1..0."""
-    events = read.timeline(m)
-    gathers = read.block_collectives(events, "all_gather", phase)
-    order = list(range(read.n_blocks(m)))
+    events = m.timeline()
+    gathers = block_collectives(events, "all_gather", phase)
+    order = list(range(m.n_blocks))
     if phase == "backward":
         order.reverse()
     result = []
     for current, successor in zip(order, order[1:], strict=False):
-        end = read.module_event(events, current, phase, "end")
+        end = module_event(events, current, phase, "end")
         result.append(any(_issued_before(g, end) for g in gathers.get(successor, [])))
     return result
 
@@ -130,17 +143,31 @@ def prefetched_blocks(m: dict, phase: str) -> list[bool]:
 PREFETCH_ON, PREFETCH_OFF = "prefetch", "no prefetch"
 
 
-def _overlap_text(on: dict, off: dict) -> str:
+@dataclass(frozen=True)
+class PrefetchOrder:
+    on: Measurement
+    off: Measurement
+    # run key -> phase -> per block boundary: the next block's all-gather issued before this block ended
+    prefetched: dict[str, dict[str, list[bool]]]
+
+
+def analyse_prefetch_overlap(ms: Measurements) -> PrefetchOrder:
+    on, off = ms[PREFETCH_ON], ms[PREFETCH_OFF]
+    prefetched = {
+        key: {phase: prefetched_blocks(m, phase) for phase in ("forward", "backward")}
+        for key, m in ((PREFETCH_ON, on), (PREFETCH_OFF, off))
+    }
+    return PrefetchOrder(on, off, prefetched)
+
+
+def _overlap_text(on: Measurement, off: Measurement) -> str:
     """What timing can show: the profiler's overlap on CUDA; on CPU nothing, so no (noisy) step times
     go into the finding, which stays the same from run to run."""
-    if on.get("overlap") and off.get("overlap"):
-
-        def share(m: dict) -> str:
-            return percent(m["overlap"]["overlapped_fraction_of_comm"])
-
+    if on.overlap and off.overlap:
         return (
-            f" On {on['config'].get('device')}, the profiler saw {share(on)} of NCCL kernel time overlap compute "
-            f"with prefetching and {share(off)} without."
+            f" On {on.config.device}, the profiler saw {percent(on.overlap.overlapped_fraction_of_comm)} of NCCL "
+            f"kernel time overlap compute with prefetching and {percent(off.overlap.overlapped_fraction_of_comm)} "
+            f"without."
         )
     return (
         " On CPU each gloo collective blocks the rank's one thread, so nothing overlaps and the step times (in the "
@@ -149,11 +176,10 @@ def _overlap_text(on: dict, off: dict) -> str:
     )
 
 
-def check_prefetch_overlap(ms: Measurements) -> Verdict:
-    on, off = ms[PREFETCH_ON], ms[PREFETCH_OFF]
+def check_prefetch_overlap(a: PrefetchOrder) -> Verdict:
     c = Conditions()
     for phase in ("forward", "backward"):
-        with_prefetch, without = prefetched_blocks(on, phase), prefetched_blocks(off, phase)
+        with_prefetch, without = a.prefetched[PREFETCH_ON][phase], a.prefetched[PREFETCH_OFF][phase]
         c.require(
             bool(with_prefetch) and all(with_prefetch),
             f"{phase}, prefetch: the next block's all-gather issued before the current block ends ({with_prefetch})",
@@ -165,32 +191,31 @@ def check_prefetch_overlap(ms: Measurements) -> Verdict:
     return c.verdict()
 
 
-def report_prefetch_overlap(ms: Measurements) -> Report:
-    on, off = ms[PREFETCH_ON], ms[PREFETCH_OFF]
-    n_blocks = read.n_blocks(on)
-
-    def counted(m: dict, phase: str) -> str:
-        flags = prefetched_blocks(m, phase)
+def report_prefetch_overlap(a: PrefetchOrder) -> Report:
+    def counted(key: str, phase: str) -> str:
+        flags = a.prefetched[key][phase]
         return f"{sum(flags)} of {len(flags)}"
 
     finding = (
         f"With prefetching, the next block's all-gather was issued before the current block's compute ended for "
-        f"{counted(on, 'forward')} block boundaries in forward and {counted(on, 'backward')} in backward; without it, "
-        f"for {counted(off, 'forward')} and {counted(off, 'backward')}." + _overlap_text(on, off)
+        f"{counted(PREFETCH_ON, 'forward')} block boundaries in forward and {counted(PREFETCH_ON, 'backward')} in "
+        f"backward; without it, for {counted(PREFETCH_OFF, 'forward')} and {counted(PREFETCH_OFF, 'backward')}."
+        + _overlap_text(a.on, a.off)
     )
     rows = []
-    for key, m in ((PREFETCH_ON, on), (PREFETCH_OFF, off)):
-        gathers = read.collectives(m, op="all_gather")
+    for key, m in ((PREFETCH_ON, a.on), (PREFETCH_OFF, a.off)):
+        gathers = m.collectives(op="all_gather")
         rows.append(
             (
                 key,
-                counted(m, "forward"),
-                counted(m, "backward"),
-                round(m["step_time_s"], 4),
+                counted(key, "forward"),
+                counted(key, "backward"),
+                round(m.step_time_s, 4),
                 len(gathers),
-                sum(bool(g.get("prefetch")) for g in gathers),
+                sum(g.prefetch for g in gathers),
             )
         )
+    n_blocks = a.on.n_blocks
     return Report(
         finding,
         Table(
@@ -205,8 +230,8 @@ def report_prefetch_overlap(ms: Measurements) -> Report:
             tuple(rows),
         ),
         {
-            "timeline_prefetch": charts.timeline_chart(f"With prefetching ({n_blocks} blocks)", on),
-            "timeline_no_prefetch": charts.timeline_chart(f"Without prefetching ({n_blocks} blocks)", off),
+            "timeline_prefetch": charts.timeline_chart(f"With prefetching ({n_blocks} blocks)", a.on),
+            "timeline_no_prefetch": charts.timeline_chart(f"Without prefetching ({n_blocks} blocks)", a.off),
         },
     )
 
@@ -214,57 +239,66 @@ def report_prefetch_overlap(ms: Measurements) -> Report:
 # --- reduce-scatter-backward -----------------------------------------------------------------------------
 
 
-def check_reduce_scatter_backward(ms: Measurements) -> Verdict:
+@dataclass(frozen=True)
+class ScatterInBackward:
+    m: Measurement
+    events: list[Event]
+    scatters: dict[int, list[Event]]  # block -> its backward reduce-scatters
+    after_start: list[bool]  # per block: its reduce-scatter followed the start of its backward
+    same_size: list[bool]  # per block: it reduce-scatters what it all-gathered in forward
+    total: int  # bytes reduce-scattered in the step
+    block: int  # the largest block's full parameter bytes
+
+
+def analyse_reduce_scatter_backward(ms: Measurements) -> ScatterInBackward:
     m = ms["zero3"]
-    n = read.world_size(m)
-    events = read.timeline(m)
-    scatters = read.block_collectives(events, "reduce_scatter", "backward")
-    forward_gathers = read.block_collectives(events, "all_gather", "forward")
-    blocks = range(read.n_blocks(m))
+    events = m.timeline()
+    scatters = block_collectives(events, "reduce_scatter", "backward")
+    forward_gathers = block_collectives(events, "all_gather", "forward")
+    blocks = range(m.n_blocks)
+    after_start = [
+        _issued_before(module_event(events, i, "backward", "start"), scatters.get(i, [None])[0]) for i in blocks
+    ]
+    same_size = [
+        [e.bytes for e in scatters.get(i, [])] == [e.bytes for e in forward_gathers.get(i, [])] for i in blocks
+    ]
+    total = sum(c.bytes for c in m.collectives(op="reduce_scatter"))
+    return ScatterInBackward(m, events, scatters, after_start, same_size, total, m.root_and_block_bytes()[1])
+
+
+def check_reduce_scatter_backward(a: ScatterInBackward) -> Verdict:
+    m, n = a.m, a.m.world_size
+    blocks = range(m.n_blocks)
     c = Conditions()
     c.require(
-        all(len(scatters.get(i, [])) == 1 for i in blocks),
-        f"one reduce-scatter per block in backward ({[len(scatters.get(i, [])) for i in blocks]})",
+        all(len(a.scatters.get(i, [])) == 1 for i in blocks),
+        f"one reduce-scatter per block in backward ({[len(a.scatters.get(i, [])) for i in blocks]})",
     )
-    after_start = [
-        _issued_before(read.module_event(events, i, "backward", "start"), scatters.get(i, [None])[0])
-        for i in blocks
-    ]
     c.require(
-        all(after_start), f"each block's reduce-scatter follows the start of its backward ({after_start})"
+        all(a.after_start), f"each block's reduce-scatter follows the start of its backward ({a.after_start})"
     )
-    same_size = [
-        [e.bytes for e in scatters.get(i, [])] == [e.bytes for e in forward_gathers.get(i, [])]
-        for i in blocks
-    ]
-    c.require(all(same_size), f"each reduce-scatter takes the block's full gradient bytes ({same_size})")
-    total = sum(int(x["bytes"]) for x in read.collectives(m, op="reduce_scatter"))
-    full = read.padded_full_bytes(m, "grads")
-    c.require(total == full, f"reduce-scatters cover every gradient ({total:,} of {full:,} B)")
+    c.require(all(a.same_size), f"each reduce-scatter takes the block's full gradient bytes ({a.same_size})")
+    full = m.padded_full_bytes("grads")
+    c.require(a.total == full, f"reduce-scatters cover every gradient ({a.total:,} of {full:,} B)")
     c.require(
-        read.sharded(m, "grads"),
-        f"each rank keeps 1/{n} of the gradients ({' / '.join(percent(s) for s in read.shares(m, 'grads'))})",
+        m.sharded("grads"),
+        f"each rank keeps 1/{n} of the gradients ({' / '.join(percent(s) for s in m.shares('grads'))})",
     )
     return c.verdict()
 
 
-def report_reduce_scatter_backward(ms: Measurements) -> Report:
-    m = ms["zero3"]
-    n = read.world_size(m)
-    events = read.timeline(m)
-    scatters = read.block_collectives(events, "reduce_scatter", "backward")
-    _, block = read.root_and_block_bytes(m)
-    total = sum(int(x["bytes"]) for x in read.collectives(m, op="reduce_scatter"))
+def report_reduce_scatter_backward(a: ScatterInBackward) -> Report:
+    m, n = a.m, a.m.world_size
     finding = (
-        f"In backward, each of the {read.n_blocks(m)} blocks issued one reduce-scatter of its {human_bytes(block)} of "
-        f"gradients once its backward had run ({len(read.collectives(m, op='reduce_scatter'))} in all with the root, "
-        f"{human_bytes(total)}); each rank kept {human_bytes(read.part_bytes(m, 'grads')[0])}, "
-        f"{percent(read.shares(m, 'grads')[0])} of the gradients (1/{n})."
+        f"In backward, each of the {m.n_blocks} blocks issued one reduce-scatter of its {human_bytes(a.block)} of "
+        f"gradients once its backward had run ({len(m.collectives(op='reduce_scatter'))} in all with the root, "
+        f"{human_bytes(a.total)}); each rank kept {human_bytes(m.part_bytes('grads')[0])}, "
+        f"{percent(m.shares('grads')[0])} of the gradients (1/{n})."
     )
     rows = []
-    for i in reversed(range(read.n_blocks(m))):
-        scatter = scatters.get(i, [None])[0]
-        start = read.module_event(events, i, "backward", "start")
+    for i in reversed(range(m.n_blocks)):
+        scatter = a.scatters.get(i, [None])[0]
+        start = module_event(a.events, i, "backward", "start")
         rows.append(
             (
                 f"block {i}",
@@ -293,68 +327,80 @@ def report_reduce_scatter_backward(ms: Measurements) -> Report:
 # --- memory-communication-tradeoff ---------------------------------------------------------------------------
 
 
-def check_tradeoff(ms: Measurements) -> Verdict:
-    ddp, fsdp = ms["ddp"], ms["zero3"]
+@dataclass(frozen=True)
+class Volumes:
+    """Communication per step of each run, with what the check and report compare."""
+
+    ms: Measurements
+    volume: dict[str, float]  # run key -> bytes moved per step in units of Ψ, paper accounting
+    root_share: float  # the zero3 root unit's share of Ψ (not re-gathered in backward)
+
+    def ratio(self, key: str, base: str) -> float:
+        return self.volume[key] / self.volume[base] if self.volume[base] else 0.0
+
+
+def analyse_volumes(ms: Measurements) -> Volumes:
+    root, _ = ms["zero3"].root_and_block_bytes()
+    return Volumes(ms, {key: m.volume_in_params() for key, m in ms.items()}, root / ms["zero3"].full_bytes("params"))
+
+
+def check_tradeoff(a: Volumes) -> Verdict:
+    ddp, fsdp = a.ms["ddp"], a.ms["zero3"]
     c = Conditions()
-    memory_ratio = max(read.model_states_bytes(fsdp)) / max(read.model_states_bytes(ddp))
+    memory_ratio = max(fsdp.model_states_bytes()) / max(ddp.model_states_bytes())
     c.require(memory_ratio < 1, f"FSDP holds less per rank ({memory_ratio:.3f} of DDP's model states)")
-    ratio = read.volume_in_params(fsdp) / read.volume_in_params(ddp) if read.volume_in_params(ddp) else 0.0
+    ratio = a.ratio("zero3", "ddp")
     low, high = TRADEOFF_RANGE
     c.require(low <= ratio <= high, f"FSDP moves about 1.5x DDP's bytes per step ({ratio:.3f}x)")
-    gathers = len(read.collectives(fsdp, op="all_gather"))
+    gathers = len(fsdp.collectives(op="all_gather"))
     c.require(
-        gathers > 0 and not read.collectives(ddp, op="all_gather"),
+        gathers > 0 and not ddp.collectives(op="all_gather"),
         f"FSDP all-gathers ({gathers} per step), DDP never",
     )
     return c.verdict()
 
 
-def report_tradeoff(ms: Measurements) -> Report:
-    ddp, fsdp = ms["ddp"], ms["zero3"]
-    n = read.world_size(fsdp)
-    ratio = read.volume_in_params(fsdp) / read.volume_in_params(ddp)
-    gathers = read.collectives(fsdp, op="all_gather")
-    root, _ = read.root_and_block_bytes(fsdp)
+def report_tradeoff(a: Volumes) -> Report:
+    ddp, fsdp = a.ms["ddp"], a.ms["zero3"]
+    n = fsdp.world_size
+    gathers = fsdp.collectives(op="all_gather")
     finding = (
-        f"At N={n}, FSDP holds {human_bytes(read.model_states_bytes(fsdp)[0])} of model states per rank against DDP's "
-        f"{human_bytes(read.model_states_bytes(ddp)[0])} (peak {human_bytes(read.ranks(fsdp)[0]['peak_bytes'])} against "
-        f"{human_bytes(read.ranks(ddp)[0]['peak_bytes'])}), but moves {ratio:.2f}x DDP's bytes per step: "
-        f"{read.volume_in_params(fsdp):.2f}Ψ against {read.volume_in_params(ddp):.2f}Ψ (paper: 3Ψ against 2Ψ, 1.5x; "
-        f"the root's {percent(root / read.full_bytes(fsdp, 'params'))} of Ψ stays gathered for backward and is not "
-        f"re-gathered), with {len(gathers)} all-gathers ({human_bytes(sum(int(g['bytes']) for g in gathers))}) per "
+        f"At N={n}, FSDP holds {human_bytes(fsdp.model_states_bytes()[0])} of model states per rank against DDP's "
+        f"{human_bytes(ddp.model_states_bytes()[0])} (peak {human_bytes(fsdp.ranks[0].peak_bytes)} against "
+        f"{human_bytes(ddp.ranks[0].peak_bytes)}), but moves {a.ratio('zero3', 'ddp'):.2f}x DDP's bytes per step: "
+        f"{a.volume['zero3']:.2f}Ψ against {a.volume['ddp']:.2f}Ψ (paper: 3Ψ against 2Ψ, 1.5x; "
+        f"the root's {percent(a.root_share)} of Ψ stays gathered for backward and is not "
+        f"re-gathered), with {len(gathers)} all-gathers ({human_bytes(sum(g.bytes for g in gathers))}) per "
         f"step that DDP never needs."
     )
+    keys = ["ddp", "zero3"]
     return Report(
         finding,
-        _volume_table(ms, ["ddp", "zero3"]),
+        _volume_table(a, keys),
         {
-            "model_states": charts.model_states_chart(
-                f"Model states per rank (rank 0, N={n})", ms, ["ddp", "zero3"]
-            ),
+            "model_states": charts.model_states_chart(f"Model states per rank (rank 0, N={n})", a.ms, keys),
             "bytes_by_collective": charts.volume_by_op_chart(
-                f"Bytes moved per step, paper accounting: all-reduce counts twice (N={n})",
-                ms,
-                ["ddp", "zero3"],
+                f"Bytes moved per step, paper accounting: all-reduce counts twice (N={n})", a.ms, keys
             ),
         },
     )
 
 
-def _volume_table(ms: Measurements, keys: list[str]) -> Table:
+def _volume_table(a: Volumes, keys: list[str]) -> Table:
     rows = []
     for key in keys:
-        m = ms[key]
-        totals = read.totals_by_op(m)
-        ops = ", ".join(f"{op} x{entry['count']}" for op, entry in sorted(totals.items()))
+        m = a.ms[key]
+        totals = m.totals_by_op()
+        ops = ", ".join(f"{op} x{entry.count}" for op, entry in sorted(totals.items()))
         rows.append(
             (
                 key,
                 ops,
-                sum(e["bytes"] for e in totals.values()),
-                sum(e["wire_bytes_derived"] for e in totals.values()),
-                round(read.volume_in_params(m), 3),
-                COMMUNICATION_MULTIPLE[read.strategy(m)],
-                max(read.model_states_bytes(m)),
+                sum(e.bytes for e in totals.values()),
+                sum(e.wire_bytes_derived for e in totals.values()),
+                round(a.volume[key], 3),
+                m.strategy.communication_multiple,
+                max(m.model_states_bytes()),
             )
         )
     return Table(
@@ -374,15 +420,15 @@ def _volume_table(ms: Measurements, keys: list[str]) -> Table:
 # --- communication-volume -------------------------------------------------------------------------------------
 
 
-def check_communication_volume(ms: Measurements) -> Verdict:
-    volume = {key: read.volume_in_params(ms[key]) for key in ("ddp", "zero1", "zero2", "zero3")}
+def check_communication_volume(a: Volumes) -> Verdict:
+    volume = a.volume
     c = Conditions()
     for key in ("ddp", "zero2"):
         c.require(
             near(volume[key], 2, VOLUME_TOLERANCE), f"{key} moves about 2Ψ per step ({volume[key]:.3f}Ψ)"
         )
     c.require(
-        near(volume["zero1"], 3, VOLUME_TOLERANCE) and bool(read.collectives(ms["zero1"], op="broadcast")),
+        near(volume["zero1"], 3, VOLUME_TOLERANCE) and bool(a.ms["zero1"].collectives(op="broadcast")),
         f"zero1 (PyTorch) all-reduces 2Ψ and broadcasts Ψ ({volume['zero1']:.3f}Ψ)",
     )
     c.require(
@@ -392,24 +438,23 @@ def check_communication_volume(ms: Measurements) -> Verdict:
     return c.verdict()
 
 
-def report_communication_volume(ms: Measurements) -> Report:
+def report_communication_volume(a: Volumes) -> Report:
     keys = ["ddp", "zero1", "zero2", "zero3"]
-    n = read.world_size(ms["zero3"])
-    volume = {key: read.volume_in_params(ms[key]) for key in keys}
-    root, _ = read.root_and_block_bytes(ms["zero3"])
+    n = a.ms["zero3"].world_size
+    volume = a.volume
     finding = (
         f"Per step and rank at N={n}, counting an all-reduce twice as the paper does: ddp {volume['ddp']:.2f}Ψ, "
         f"zero2 {volume['zero2']:.2f}Ψ, zero3 {volume['zero3']:.2f}Ψ (paper 2Ψ, 2Ψ, 3Ψ; zero3 skips re-gathering "
-        f"the root, {percent(root / read.full_bytes(ms['zero3'], 'params'))} of Ψ). PyTorch's zero1 moves "
+        f"the root, {percent(a.root_share)} of Ψ). PyTorch's zero1 moves "
         f"{volume['zero1']:.2f}Ψ: DDP's all-reduce (2Ψ) plus a broadcast of the updated parameters (Ψ), where the "
         f"paper's stage 1 reduce-scatters and all-gathers (2Ψ)."
     )
     return Report(
         finding,
-        _volume_table(ms, keys),
+        _volume_table(a, keys),
         {
             "bytes_by_collective": charts.volume_by_op_chart(
-                f"Bytes moved per step, paper accounting: all-reduce counts twice (N={n})", ms, keys
+                f"Bytes moved per step, paper accounting: all-reduce counts twice (N={n})", a.ms, keys
             )
         },
     )
@@ -418,31 +463,36 @@ def report_communication_volume(ms: Measurements) -> Report:
 COMM_LABS: tuple[Lab, ...] = (
     catalog_lab(
         "allgather-before-layer",
-        runs_at(("zero3", "zero3", {"prefetch": False})),
+        runs_at(("zero3", Strategy.ZERO3, {"prefetch": False})),
+        analyse_allgather_before_layer,
         check_allgather_before_layer,
         report_allgather_before_layer,
     ),
     catalog_lab(
         "prefetch-overlap",
-        runs_at((PREFETCH_ON, "zero3", {}), (PREFETCH_OFF, "zero3", {"prefetch": False})),
+        runs_at((PREFETCH_ON, Strategy.ZERO3, {}), (PREFETCH_OFF, Strategy.ZERO3, {"prefetch": False})),
+        analyse_prefetch_overlap,
         check_prefetch_overlap,
         report_prefetch_overlap,
     ),
     catalog_lab(
         "reduce-scatter-backward",
-        runs_at(("zero3", "zero3", {})),
+        runs_at(("zero3", Strategy.ZERO3, {})),
+        analyse_reduce_scatter_backward,
         check_reduce_scatter_backward,
         report_reduce_scatter_backward,
     ),
     catalog_lab(
         "memory-communication-tradeoff",
-        runs_at(("ddp", "ddp", {}), ("zero3", "zero3", {})),
+        runs_at(("ddp", Strategy.DDP, {}), ("zero3", Strategy.ZERO3, {})),
+        analyse_volumes,
         check_tradeoff,
         report_tradeoff,
     ),
     catalog_lab(
         "communication-volume",
-        runs_at(("ddp", "ddp", {}), ("zero1", "zero1", {}), ("zero2", "zero2", {}), ("zero3", "zero3", {})),
+        runs_at(("ddp", Strategy.DDP, {}), ("zero1", Strategy.ZERO1, {}), ("zero2", Strategy.ZERO2, {}), ("zero3", Strategy.ZERO3, {})),
+        analyse_volumes,
         check_communication_volume,
         report_communication_volume,
     ),

@@ -16,8 +16,8 @@ import json
 import sys
 from pathlib import Path
 
+from sharding_lab.labs.evaluate import write_summaries
 from sharding_lab.labs.registry import LABS, get_lab
-from sharding_lab.labs.runner import run_labs, write_summaries
 
 
 def register(subparsers) -> None:
@@ -122,6 +122,8 @@ def run_run(args: argparse.Namespace) -> int:
 
 
 def _run_with_progress(lab_ids: list[str], world_size: int, size: str, device: str) -> list[dict]:
+    from sharding_lab.engine.run_labs import run_labs  # torch, only when something runs
+
     if not sys.stderr.isatty():
         return run_labs(lab_ids, world_size, size=size, device=device)
     from rich.console import Console

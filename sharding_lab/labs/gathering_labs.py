@@ -8,9 +8,10 @@ and root sizes from the forward all-gathers, one per FSDP unit.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sharding_lab.analytic import model_states_bytes_per_rank
 from sharding_lab.labs import charts
-from sharding_lab.labs import readings as read
 from sharding_lab.labs.base import (
     Conditions,
     Lab,
@@ -23,7 +24,10 @@ from sharding_lab.labs.base import (
     runs_at,
     shares_text,
 )
-from sharding_lab.svg import Bar, human_bytes, stacked_bar_chart
+from sharding_lab.measurement import PARTS, Measurement
+from sharding_lab.strategies import Strategy
+from sharding_lab.svg import Bar, stacked_bar_chart
+from sharding_lab.units import human_bytes
 
 # --- reshard-after-forward ------------------------------------------------------------------------------------
 
@@ -31,38 +35,77 @@ from sharding_lab.svg import Bar, human_bytes, stacked_bar_chart
 RESHARD_ON, RESHARD_ON_PREFETCH, RESHARD_OFF = "reshard on", "reshard on + prefetch", "reshard off"
 
 
-def check_reshard_after_forward(ms: Measurements) -> Verdict:
-    on, off = ms[RESHARD_ON], ms[RESHARD_OFF]
-    root, block = read.root_and_block_bytes(on)
-    full = read.full_bytes(on, "params")
-    n = read.world_size(on)
+@dataclass(frozen=True)
+class GatheredParams:
+    """What each run held of the parameters, per rank: gathered at the peak and after forward, in
+    all-gather buffers at their peak, and the shard between steps."""
+
+    unsharded_peak: list[int]
+    all_gather_buffer_peak: list[int]
+    after_forward: list[int]
+    shard: list[int]
+    sharded: bool  # between steps the ranks split the parameters, nothing replicated
+    shares: list[float]
+
+    @classmethod
+    def of(cls, m: Measurement) -> GatheredParams:
+        return cls(
+            m.unsharded_peak(),
+            m.all_gather_buffer_peak(),
+            m.unsharded_after_forward(),
+            m.part_bytes("params"),
+            m.sharded("params"),
+            m.shares("params"),
+        )
+
+
+@dataclass(frozen=True)
+class Resharding:
+    runs: dict[str, GatheredParams]  # by run key
+    root: int  # the root unit's full parameter bytes (from the forward all-gathers)
+    block: int  # the largest block's
+    full: int  # the whole model's fp32 parameter bytes
+    world_size: int
+    n_blocks: int
+
+
+def analyse_reshard_after_forward(ms: Measurements) -> Resharding:
+    on = ms[RESHARD_ON]
+    runs = {key: GatheredParams.of(ms[key]) for key in (RESHARD_ON, RESHARD_ON_PREFETCH, RESHARD_OFF)}
+    return Resharding(runs, *on.root_and_block_bytes(), on.full_bytes("params"), on.world_size, on.n_blocks)
+
+
+def check_reshard_after_forward(a: Resharding) -> Verdict:
+    root, block = a.root, a.block
+    on, off = a.runs[RESHARD_ON], a.runs[RESHARD_OFF]
     c = Conditions()
     c.require(block > 0, f"each block is gathered as one unit ({human_bytes(block)})")
     for key in (RESHARD_ON, RESHARD_ON_PREFETCH):
+        peak = a.runs[key].unsharded_peak
         c.require(
-            all(b <= root + block for b in read.unsharded_peak(ms[key])),
+            all(b <= root + block for b in peak),
             f"{key}: at most one block's full parameters unsharded at a time beside the root "
-            f"(peak {_blocks_text(read.unsharded_peak(ms[key]), root, block)} blocks)",
+            f"(peak {_blocks_text(peak, root, block)} blocks)",
         )
     for key in (RESHARD_ON, RESHARD_ON_PREFETCH):
+        buffers = a.runs[key].all_gather_buffer_peak
         c.require(
-            all(b <= 2 * block for b in read.all_gather_buffer_peak(ms[key])),
-            f"{key}: all-gather buffers hold at most two blocks' worth "
-            f"(peak {_blocks_text(read.all_gather_buffer_peak(ms[key]), 0, block)} blocks)",
+            all(b <= 2 * block for b in buffers),
+            f"{key}: all-gather buffers hold at most two blocks' worth (peak {_blocks_text(buffers, 0, block)} blocks)",
         )
     c.require(
-        all(b <= root for b in read.unsharded_after_forward(on)),
-        f"{RESHARD_ON}: no block unsharded when forward ends ({_blocks_text(read.unsharded_after_forward(on), root, block)})",
+        all(b <= root for b in on.after_forward),
+        f"{RESHARD_ON}: no block unsharded when forward ends ({_blocks_text(on.after_forward, root, block)})",
     )
     c.require(
-        all(b >= full for b in read.unsharded_after_forward(off)),
+        all(b >= a.full for b in off.after_forward),
         f"{RESHARD_OFF}: every block still unsharded when forward ends "
-        f"({_blocks_text(read.unsharded_after_forward(off), root, block)} blocks)",
+        f"({_blocks_text(off.after_forward, root, block)} blocks)",
     )
     for key in (RESHARD_ON, RESHARD_OFF):
         c.require(
-            read.sharded(ms[key], "params"),
-            f"{key}: between steps only the 1/{n} shard ({shares_text(read.shares(ms[key], 'params'))})",
+            a.runs[key].sharded,
+            f"{key}: between steps only the 1/{a.world_size} shard ({shares_text(a.runs[key].shares)})",
         )
     return c.verdict()
 
@@ -71,48 +114,47 @@ def _blocks_text(gathered: list[int], root: int, block: int) -> str:
     return " / ".join(f"{(b - root) / block:.2f}" if block else "?" for b in gathered)
 
 
-def report_reshard_after_forward(ms: Measurements) -> Report:
-    on, prefetch, off = ms[RESHARD_ON], ms[RESHARD_ON_PREFETCH], ms[RESHARD_OFF]
-    root, block = read.root_and_block_bytes(on)
-    keys = [RESHARD_ON, RESHARD_ON_PREFETCH, RESHARD_OFF]
+def report_reshard_after_forward(a: Resharding) -> Report:
+    on, prefetch, off = a.runs[RESHARD_ON], a.runs[RESHARD_ON_PREFETCH], a.runs[RESHARD_OFF]
+    root, block = a.root, a.block
 
     def blocks(values: list[int], base: int = root) -> str:
         return f"{(values[0] - base) / block:.0f}" if block else "?"
 
     finding = (
-        f"With reshard-after-forward, at most {blocks(read.unsharded_peak(on))} block's full parameters "
+        f"With reshard-after-forward, at most {blocks(on.unsharded_peak)} block's full parameters "
         f"({human_bytes(block)}) were unsharded at a time beside the root unit ({human_bytes(root)}), with or "
         f"without prefetching. Gathered bytes also pass through all-gather buffers, which peaked at "
-        f"{blocks(read.all_gather_buffer_peak(on), 0)} and {blocks(read.all_gather_buffer_peak(prefetch), 0)} "
+        f"{blocks(on.all_gather_buffer_peak, 0)} and {blocks(prefetch.all_gather_buffer_peak, 0)} "
         f"blocks' worth without and with prefetching (in forward FSDP frees a unit's all-gather output only when "
         f"the next unit's is waited on, so a copy-out can overlap the next all-gather; a prefetched block's "
         f"bytes wait there until it starts). Without reshard-after-forward, "
-        f"{blocks(read.unsharded_after_forward(off))} of {read.n_blocks(on)} blocks stay unsharded until backward "
-        f"({human_bytes(read.unsharded_after_forward(off)[0])} when forward ends, against "
-        f"{human_bytes(read.unsharded_after_forward(on)[0])}). Between steps each rank keeps only its "
-        f"{human_bytes(read.part_bytes(on, 'params')[0])} shard."
+        f"{blocks(off.after_forward)} of {a.n_blocks} blocks stay unsharded until backward "
+        f"({human_bytes(off.after_forward[0])} when forward ends, against "
+        f"{human_bytes(on.after_forward[0])}). Between steps each rank keeps only its "
+        f"{human_bytes(on.shard[0])} shard."
     )
     rows = tuple(
         (
             key,
-            read.unsharded_peak(ms[key])[0],
-            round((read.unsharded_peak(ms[key])[0] - root) / block, 2) if block else None,
-            read.all_gather_buffer_peak(ms[key])[0],
-            read.unsharded_after_forward(ms[key])[0],
-            read.part_bytes(ms[key], "params")[0],
+            run.unsharded_peak[0],
+            round((run.unsharded_peak[0] - root) / block, 2) if block else None,
+            run.all_gather_buffer_peak[0],
+            run.after_forward[0],
+            run.shard[0],
         )
-        for key in keys
+        for key, run in a.runs.items()
     )
     bars = [
         Bar(
             key,
             {
-                "shard": read.part_bytes(ms[key], "params")[0],
-                "unsharded (peak)": read.unsharded_peak(ms[key])[0],
-                "all-gather buffers (peak)": read.all_gather_buffer_peak(ms[key])[0],
+                "shard": run.shard[0],
+                "unsharded (peak)": run.unsharded_peak[0],
+                "all-gather buffers (peak)": run.all_gather_buffer_peak[0],
             },
         )
-        for key in keys
+        for key, run in a.runs.items()
     ]
     chart = stacked_bar_chart(
         "Parameter bytes on rank 0: shard, peak unsharded, peak all-gather buffers",
@@ -140,67 +182,59 @@ def report_reshard_after_forward(ms: Measurements) -> Report:
 # --- stage3-shards-params ------------------------------------------------------------------------------------
 
 
-def check_stage3_params(ms: Measurements) -> Verdict:
-    zero2, zero3 = ms["zero2"], ms["zero3"]
-    n = read.world_size(zero3)
-    full = read.full_bytes(zero3, "params")
-    root, block = read.root_and_block_bytes(zero3)
+@dataclass(frozen=True)
+class StageParams:
+    runs: dict[str, GatheredParams]  # zero2 and zero3
+    root: int
+    block: int
+    full: int
+    world_size: int
+
+
+def analyse_stage3_params(ms: Measurements) -> StageParams:
+    zero3 = ms["zero3"]
+    runs = {key: GatheredParams.of(ms[key]) for key in ("zero2", "zero3")}
+    return StageParams(runs, *zero3.root_and_block_bytes(), zero3.full_bytes("params"), zero3.world_size)
+
+
+def check_stage3_params(a: StageParams) -> Verdict:
+    zero2, zero3 = a.runs["zero2"], a.runs["zero3"]
     c = Conditions()
     c.require(
-        all(b >= full for b in read.unsharded_after_forward(zero2)),
+        all(b >= a.full for b in zero2.after_forward),
         f"zero2: full parameters on every rank from forward to backward "
-        f"({shares_text([b / full for b in read.unsharded_after_forward(zero2)])})",
+        f"({shares_text([b / a.full for b in zero2.after_forward])})",
     )
+    c.require(zero3.sharded, f"zero3: a 1/{a.world_size} parameter shard ({shares_text(zero3.shares)})")
     c.require(
-        read.sharded(zero3, "params"),
-        f"zero3: a 1/{n} parameter shard ({shares_text(read.shares(zero3, 'params'))})",
-    )
-    c.require(
-        all(b <= root for b in read.unsharded_after_forward(zero3)),
+        all(b <= a.root for b in zero3.after_forward),
         f"zero3: no block's parameters stay gathered after forward "
-        f"({' / '.join(human_bytes(b) for b in read.unsharded_after_forward(zero3))}, root unit {human_bytes(root)})",
+        f"({' / '.join(human_bytes(b) for b in zero3.after_forward)}, root unit {human_bytes(a.root)})",
     )
     c.require(
-        all(b <= root + block for b in read.unsharded_peak(zero3)),
+        all(b <= a.root + a.block for b in zero3.unsharded_peak),
         f"zero3: at most one block gathered at a time beside the root "
-        f"(peak {' / '.join(human_bytes(b) for b in read.unsharded_peak(zero3))}, block {human_bytes(block)})",
+        f"(peak {' / '.join(human_bytes(b) for b in zero3.unsharded_peak)}, block {human_bytes(a.block)})",
     )
     return c.verdict()
 
 
-def report_stage3_params(ms: Measurements) -> Report:
-    zero2, zero3 = ms["zero2"], ms["zero3"]
-    n = read.world_size(zero3)
-    full = read.full_bytes(zero3, "params")
-    root, _ = read.root_and_block_bytes(zero3)
+def report_stage3_params(a: StageParams) -> Report:
+    zero2, zero3 = a.runs["zero2"], a.runs["zero3"]
+    n, full, root = a.world_size, a.full, a.root
     finding = (
         f"From forward to backward each zero2 rank holds the full parameters "
-        f"({human_bytes(read.unsharded_after_forward(zero2)[0])}, {percent(read.unsharded_after_forward(zero2)[0] / full)}) beside "
-        f"its shard; each zero3 rank holds its 1/{n} shard ({human_bytes(read.part_bytes(zero3, 'params')[0])}, "
-        f"{percent(read.shares(zero3, 'params')[0])}) and only the root unit gathered "
+        f"({human_bytes(zero2.after_forward[0])}, {percent(zero2.after_forward[0] / full)}) beside "
+        f"its shard; each zero3 rank holds its 1/{n} shard ({human_bytes(zero3.shard[0])}, "
+        f"{percent(zero3.shares[0])}) and only the root unit gathered "
         f"({human_bytes(root)}, {percent(root / full)}: embeddings and head, which backward needs first). "
         f"Between steps FSDP2 reshards zero2 too, unlike DeepSpeed's ZeRO-2."
     )
     rows = tuple(
-        (
-            key,
-            read.part_bytes(ms[key], "params")[0],
-            read.unsharded_after_forward(ms[key])[0],
-            read.part_bytes(ms[key], "params")[0] + read.unsharded_after_forward(ms[key])[0],
-            full,
-        )
-        for key in ("zero2", "zero3")
+        (key, run.shard[0], run.after_forward[0], run.shard[0] + run.after_forward[0], full)
+        for key, run in a.runs.items()
     )
-    bars = [
-        Bar(
-            key,
-            {
-                "shard": read.part_bytes(ms[key], "params")[0],
-                "gathered": read.unsharded_after_forward(ms[key])[0],
-            },
-        )
-        for key in ("zero2", "zero3")
-    ]
+    bars = [Bar(key, {"shard": run.shard[0], "gathered": run.after_forward[0]}) for key, run in a.runs.items()]
     chart = stacked_bar_chart(
         f"Parameter bytes on rank 0 between forward and backward (N={n})",
         bars,
@@ -226,79 +260,78 @@ def report_stage3_params(ms: Measurements) -> Report:
 # --- fsdp-is-zero3 ---------------------------------------------------------------------------------------------
 
 
-def predicted_model_states(m: dict, stage: str) -> dict[str, int]:
+def predicted_model_states(m: Measurement, stage: Strategy) -> dict[str, int]:
     """The ZeRO paper's per-rank model states for `stage`, with FSDP's padding of uneven dims."""
-    padded = m["config"].get("padded_num_params")
-    return model_states_bytes_per_rank(
-        read.num_params(m), read.world_size(m), stage, padded_num_params=padded
+    return model_states_bytes_per_rank(m.num_params, m.world_size, stage, padded_num_params=m.padded_num_params)
+
+
+@dataclass(frozen=True)
+class AgainstStages:
+    zero3: Measurement
+    zero2: Measurement
+    stage3: dict[str, int]  # the paper's per-rank model states, with FSDP's padding
+    stage2: dict[str, int]
+    short: int  # the most bytes a rank's shard is short of the padded shard
+
+
+def analyse_fsdp_is_zero3(ms: Measurements) -> AgainstStages:
+    zero3, zero2 = ms["zero3"], ms["zero2"]
+    short = max(zero3.full_model_states_bytes() // zero3.num_params * r.padding_elements for r in zero3.ranks)
+    return AgainstStages(
+        zero3, zero2, predicted_model_states(zero3, Strategy.ZERO3), predicted_model_states(zero2, Strategy.ZERO2), short
     )
 
 
-def check_fsdp_is_zero3(ms: Measurements) -> Verdict:
+def check_fsdp_is_zero3(a: AgainstStages) -> Verdict:
     """Each rank's bytes plus the padding its shard is short of equal the padded stage-3 prediction."""
-    zero3, zero2 = ms["zero3"], ms["zero2"]
     c = Conditions()
-    stage3 = predicted_model_states(zero3, "zero3")
-    for part in read.PARTS:
-        measured = read.padded_part_bytes(zero3, part)
+    for part in PARTS:
+        measured = a.zero3.padded_part_bytes(part)
         c.require(
-            all(b == stage3[part] for b in measured), f"FSDP {part} {measured} = stage 3's {stage3[part]}"
+            all(b == a.stage3[part] for b in measured), f"FSDP {part} {measured} = stage 3's {a.stage3[part]}"
         )
-    stage2 = predicted_model_states(zero2, "zero2")
     for part in ("grads", "optimizer"):
-        measured = read.padded_part_bytes(zero2, part)
+        measured = a.zero2.padded_part_bytes(part)
         c.require(
-            all(b == stage2[part] for b in measured),
-            f"reshard-off {part} {measured} = stage 2's {stage2[part]}",
+            all(b == a.stage2[part] for b in measured),
+            f"reshard-off {part} {measured} = stage 2's {a.stage2[part]}",
         )
-    gathered, full = read.unsharded_after_forward(zero2), read.padded_full_bytes(zero2, "params")
+    gathered, full = a.zero2.unsharded_after_forward(), a.zero2.padded_full_bytes("params")
     c.require(
         all(b == full for b in gathered),
         f"reshard-off keeps {gathered} parameter bytes through the step = stage 2's full parameters ({full}"
-        f"{', padded' if full > stage2['params'] else ''})",
+        f"{', padded' if full > a.stage2['params'] else ''})",
     )
     return c.verdict()
 
 
-def report_fsdp_is_zero3(ms: Measurements) -> Report:
-    zero3, zero2 = ms["zero3"], ms["zero2"]
-    n = read.world_size(zero3)
-    stage3, stage2 = predicted_model_states(zero3, "zero3"), predicted_model_states(zero2, "zero2")
-    measured3 = read.model_states_bytes(zero3)[0]
-    short = max(
-        read.full_model_states_bytes(zero3) // read.num_params(zero3) * int(r.get("padding_elements") or 0)
-        for r in read.ranks(zero3)
-    )
+def report_fsdp_is_zero3(a: AgainstStages) -> Report:
+    zero3, zero2, stage3 = a.zero3, a.zero2, a.stage3
+    n = zero3.world_size
+    measured3 = zero3.model_states_bytes()[0]
     padding = (
-        f" (FSDP pads dims that N does not divide, so the last ranks' shards are up to {short:,} B short "
-        f"of it)"
-        if short
+        f" (FSDP pads dims that N does not divide, so the last ranks' shards are up to {a.short:,} B short of it)"
+        if a.short
         else ""
     )
     finding = (
         f"At N={n}, FSDP's measured model states on rank 0 are {human_bytes(measured3)} ({measured3:,} B) against "
-        f"ZeRO stage 3's predicted {stage3['total']:,} B{padding}: params {read.part_bytes(zero3, 'params')[0]:,} / "
-        f"{stage3['params']:,}, grads {read.part_bytes(zero3, 'grads')[0]:,} / {stage3['grads']:,}, optimizer "
-        f"{read.part_bytes(zero3, 'optimizer')[0]:,} / {stage3['optimizer']:,}. With reshard-after-forward off, "
-        f"gradients and optimizer state match stage 2 ({read.part_bytes(zero2, 'grads')[0]:,} and "
-        f"{read.part_bytes(zero2, 'optimizer')[0]:,} B) and the full {read.unsharded_after_forward(zero2)[0]:,} B of "
+        f"ZeRO stage 3's predicted {stage3['total']:,} B{padding}: params {zero3.part_bytes('params')[0]:,} / "
+        f"{stage3['params']:,}, grads {zero3.part_bytes('grads')[0]:,} / {stage3['grads']:,}, optimizer "
+        f"{zero3.part_bytes('optimizer')[0]:,} / {stage3['optimizer']:,}. With reshard-after-forward off, "
+        f"gradients and optimizer state match stage 2 ({zero2.part_bytes('grads')[0]:,} and "
+        f"{zero2.part_bytes('optimizer')[0]:,} B) and the full {zero2.unsharded_after_forward()[0]:,} B of "
         f"parameters stay gathered from forward to backward, as stage 2 keeps them."
     )
     rows = []
-    for key, predicted in (("zero3", stage3), ("zero2", stage2)):
-        m = ms[key]
-        for rank in range(len(read.ranks(m))):
-            for part in read.PARTS:
-                if (
-                    key == "zero2" and part == "params"
-                ):  # stage 2's parameters: the copy gathered for the step
-                    measured = with_padding = read.unsharded_after_forward(m)[rank]
-                    expected = read.padded_full_bytes(m, "params")
+    for key, m, predicted in (("zero3", zero3, stage3), ("zero2", zero2, a.stage2)):
+        for rank in range(len(m.ranks)):
+            for part in PARTS:
+                if key == "zero2" and part == "params":  # stage 2's parameters: the copy gathered for the step
+                    measured = with_padding = m.unsharded_after_forward()[rank]
+                    expected = m.padded_full_bytes("params")
                 else:
-                    measured, with_padding = (
-                        read.part_bytes(m, part)[rank],
-                        read.padded_part_bytes(m, part)[rank],
-                    )
+                    measured, with_padding = m.part_bytes(part)[rank], m.padded_part_bytes(part)[rank]
                     expected = predicted[part]
                 rows.append((key, rank, part, measured, with_padding, expected, with_padding == expected))
     return Report(
@@ -309,7 +342,7 @@ def report_fsdp_is_zero3(ms: Measurements) -> Report:
         ),
         {
             "model_states": charts.model_states_chart(
-                f"Model states per rank (rank 0, N={n})", ms, ["zero2", "zero3"]
+                f"Model states per rank (rank 0, N={n})", {"zero2": zero2, "zero3": zero3}, ["zero2", "zero3"]
             )
         },
     )
@@ -319,22 +352,25 @@ GATHERING_LABS: tuple[Lab, ...] = (
     catalog_lab(
         "reshard-after-forward",
         runs_at(
-            (RESHARD_ON, "zero3", {"prefetch": False}),
-            (RESHARD_ON_PREFETCH, "zero3", {}),
-            (RESHARD_OFF, "zero2", {}),
+            (RESHARD_ON, Strategy.ZERO3, {"prefetch": False}),
+            (RESHARD_ON_PREFETCH, Strategy.ZERO3, {}),
+            (RESHARD_OFF, Strategy.ZERO2, {}),
         ),
+        analyse_reshard_after_forward,
         check_reshard_after_forward,
         report_reshard_after_forward,
     ),
     catalog_lab(
         "stage3-shards-params",
-        runs_at(("zero2", "zero2", {}), ("zero3", "zero3", {})),
+        runs_at(("zero2", Strategy.ZERO2, {}), ("zero3", Strategy.ZERO3, {})),
+        analyse_stage3_params,
         check_stage3_params,
         report_stage3_params,
     ),
     catalog_lab(
         "fsdp-is-zero3",
-        runs_at(("zero3", "zero3", {}), ("zero2", "zero2", {})),
+        runs_at(("zero3", Strategy.ZERO3, {}), ("zero2", Strategy.ZERO2, {})),
+        analyse_fsdp_is_zero3,
         check_fsdp_is_zero3,
         report_fsdp_is_zero3,
     ),

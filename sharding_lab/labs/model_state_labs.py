@@ -7,9 +7,10 @@ Model states are the engine's exact bytes of the local parameter, gradient and o
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sharding_lab.analytic import bytes_per_param, model_states_bytes_per_rank
 from sharding_lab.labs import charts
-from sharding_lab.labs import readings as read
 from sharding_lab.labs.base import (
     Conditions,
     Lab,
@@ -24,25 +25,64 @@ from sharding_lab.labs.base import (
     runs_at,
     shares_text,
 )
-from sharding_lab.svg import Bar, human_bytes, stacked_bar_chart
+from sharding_lab.measurement import PARTS
+from sharding_lab.run_config import RunConfig
+from sharding_lab.strategies import Strategy
+from sharding_lab.svg import Bar, stacked_bar_chart
+from sharding_lab.units import human_bytes
 
 # "About 1/N" for ZeRO-1, which assigns whole tensors to ranks greedily. FSDP's shards are checked
-# exactly instead (`readings.sharded`): they add up to the model, none above 1/N of the padded model.
+# exactly instead (`Measurement.sharded`): they add up to the model, none above 1/N of the padded model.
 ZERO1_SHARD_TOLERANCE = 0.25
 
 
-def _all_about(m: dict, part: str, fraction: float, tolerance: float) -> bool:
-    return all(near(s, fraction, tolerance) for s in read.shares(m, part))
+@dataclass(frozen=True)
+class PartHoldings:
+    """One model-state part of one run: what each rank holds between steps."""
+
+    bytes: list[int]  # per rank
+    shares: list[float]  # per rank, of the whole model's part
+    held_in_full: bool  # every rank holds the whole part (replicated)
+    sharded: bool  # the ranks split it exactly, none above 1/N of the padded model
+
+    def all_about(self, fraction: float, tolerance: float) -> bool:
+        return all(near(s, fraction, tolerance) for s in self.shares)
 
 
-def _model_states_rows(measurements: Measurements, keys: list[str]) -> tuple[tuple[object, ...], ...]:
+@dataclass(frozen=True)
+class ModelStates:
+    """Every run's model states between steps, part by part: what these labs check and report."""
+
+    ms: Measurements
+    parts: dict[str, dict[str, PartHoldings]]  # run key -> part -> holdings
+    totals: dict[str, list[int]]  # run key -> model-state bytes per rank
+    full: dict[str, int]  # part -> the whole model's bytes in fp32 Adam (4Ψ, 4Ψ, 8Ψ), and "total"
+    world_size: int  # the largest measured
+
+    def part(self, key: str, part: str) -> PartHoldings:
+        return self.parts[key][part]
+
+
+def analyse_model_states(ms: Measurements) -> ModelStates:
+    parts = {
+        key: {
+            part: PartHoldings(m.part_bytes(part), m.shares(part), m.held_in_full(part), m.sharded(part))
+            for part in PARTS
+        }
+        for key, m in ms.items()
+    }
+    first = next(iter(ms.values()))
+    full = {part: first.full_bytes(part) for part in PARTS} | {"total": first.full_model_states_bytes()}
+    totals = {key: m.model_states_bytes() for key, m in ms.items()}
+    return ModelStates(ms, parts, totals, full, max(m.world_size for m in ms.values()))
+
+
+def _model_states_rows(a: ModelStates, keys: list[str]) -> tuple[tuple[object, ...], ...]:
     rows = []
     for key in keys:
-        m = measurements[key]
-        full = read.full_model_states_bytes(m)
-        for rank, total in enumerate(read.model_states_bytes(m)):
-            parts = [read.part_bytes(m, part)[rank] for part in read.PARTS]
-            rows.append((key, rank, *parts, total, round(total / full, 4)))
+        for rank, total in enumerate(a.totals[key]):
+            parts = [a.part(key, part).bytes[rank] for part in PARTS]
+            rows.append((key, rank, *parts, total, round(total / a.full["total"], 4)))
     return tuple(rows)
 
 
@@ -60,44 +100,38 @@ MODEL_STATES_COLUMNS = (
 # --- what-fsdp-shards --------------------------------------------------------------------------------
 
 
-def check_what_fsdp_shards(ms: Measurements) -> Verdict:
-    ddp, fsdp = ms["ddp"], ms["zero3"]
-    n = read.world_size(fsdp)
+def check_what_fsdp_shards(a: ModelStates) -> Verdict:
+    n = a.world_size
     c = Conditions()
-    for part in read.PARTS:
-        c.require(
-            read.held_in_full(ddp, part),
-            f"DDP: every rank holds the full {part} ({shares_text(read.shares(ddp, part))})",
-        )
-    for part in read.PARTS:
-        c.require(
-            read.sharded(fsdp, part),
-            f"FSDP: every rank holds about 1/{n} of the {part} ({shares_text(read.shares(fsdp, part))})",
-        )
+    for part in PARTS:
+        ddp = a.part("ddp", part)
+        c.require(ddp.held_in_full, f"DDP: every rank holds the full {part} ({shares_text(ddp.shares)})")
+    for part in PARTS:
+        fsdp = a.part("zero3", part)
+        c.require(fsdp.sharded, f"FSDP: every rank holds about 1/{n} of the {part} ({shares_text(fsdp.shares)})")
     return c.verdict()
 
 
-def report_what_fsdp_shards(ms: Measurements) -> Report:
-    ddp, fsdp = ms["ddp"], ms["zero3"]
-    n = read.world_size(fsdp)
-    held = ", ".join(f"{part} {human_bytes(read.part_bytes(ddp, part)[0])}" for part in read.PARTS)
+def report_what_fsdp_shards(a: ModelStates) -> Report:
+    n = a.world_size
+    held = ", ".join(f"{part} {human_bytes(a.part('ddp', part).bytes[0])}" for part in PARTS)
     sharded = ", ".join(
-        f"{part} {human_bytes(read.part_bytes(fsdp, part)[0])} ({percent(read.shares(fsdp, part)[0])})"
-        for part in read.PARTS
+        f"{part} {human_bytes(a.part('zero3', part).bytes[0])} ({percent(a.part('zero3', part).shares[0])})"
+        for part in PARTS
     )
     finding = (
         f"At N={n}, each DDP rank holds the full model states ({held}); each FSDP rank holds "
-        f"{sharded}: 1/{n} of every part, {human_bytes(read.model_states_bytes(fsdp)[0])} "
-        f"instead of {human_bytes(read.model_states_bytes(ddp)[0])}."
+        f"{sharded}: 1/{n} of every part, {human_bytes(a.totals['zero3'][0])} "
+        f"instead of {human_bytes(a.totals['ddp'][0])}."
     )
     keys = ["ddp", "zero3"]
     return Report(
         finding,
-        Table(MODEL_STATES_COLUMNS, _model_states_rows(ms, keys)),
+        Table(MODEL_STATES_COLUMNS, _model_states_rows(a, keys)),
         {
-            "model_states": charts.model_states_chart(f"Model states per rank (rank 0, N={n})", ms, keys),
+            "model_states": charts.model_states_chart(f"Model states per rank (rank 0, N={n})", a.ms, keys),
             "memory_by_category": charts.memory_categories_chart(
-                f"Memory at peak by category (rank 0, N={n})", ms, keys
+                f"Memory at peak by category (rank 0, N={n})", a.ms, keys
             ),
         },
     )
@@ -111,67 +145,71 @@ def scaling_world_sizes(world_size: int) -> tuple[int, ...]:
     return tuple(sorted({1, world_size, 2 * world_size}))
 
 
-def scaling_key(strategy: str, world_size: int) -> str:
+def scaling_key(strategy: Strategy | str, world_size: int) -> str:
     return f"{strategy}, N={world_size}"
 
 
 def scaling_runs(world_size: int) -> tuple[RunSpec, ...]:
     return tuple(
-        RunSpec(scaling_key(strategy, n), strategy, n)
+        RunSpec(scaling_key(strategy, n), RunConfig(strategy, world_size=n))
         for n in scaling_world_sizes(world_size)
-        for strategy in ("ddp", "zero3")
+        for strategy in (Strategy.DDP, Strategy.ZERO3)
     )
 
 
-def _scaling_points(ms: Measurements, strategy: str) -> list[tuple[int, int]]:
-    """(world size, largest per-rank model-state bytes) for each measured world size, ascending."""
-    points = []
+@dataclass(frozen=True)
+class Scaling:
+    ms: Measurements
+    points: dict[str, list[tuple[int, int]]]  # strategy -> (world size, fullest rank's model-state bytes)
+    full: int  # the whole model's model-state bytes
+    padded: bool  # FSDP padded some dim at some world size
+
+
+def analyse_scaling(ms: Measurements) -> Scaling:
+    points: dict[str, list[tuple[int, int]]] = {"ddp": [], "zero3": []}
     for key, m in ms.items():
-        if key.startswith(f"{strategy}, N="):
-            points.append((read.world_size(m), max(read.model_states_bytes(m))))
-    return sorted(points)
+        for strategy in points:
+            if key.startswith(f"{strategy}, N="):
+                points[strategy].append((m.world_size, max(m.model_states_bytes())))
+    padded = any(m.padded_num_params > m.num_params for m in ms.values())
+    full = next(iter(ms.values())).full_model_states_bytes()
+    return Scaling(ms, {k: sorted(v) for k, v in points.items()}, full, padded)
 
 
-def check_persistent_memory_scaling(ms: Measurements) -> Verdict:
+def check_persistent_memory_scaling(a: Scaling) -> Verdict:
     c = Conditions()
-    ddp, fsdp = _scaling_points(ms, "ddp"), _scaling_points(ms, "zero3")
+    ddp, fsdp = a.points["ddp"], a.points["zero3"]
     c.require(
         len(ddp) >= 3 and len(fsdp) >= 3, f"measured at three or more world sizes ({[n for n, _ in fsdp]})"
     )
-    full = read.full_model_states_bytes(next(iter(ms.values())))
     for n, held in ddp:
-        c.require(held == full, f"DDP at N={n}: {human_bytes(held)} per rank, the full {human_bytes(full)}")
+        c.require(held == a.full, f"DDP at N={n}: {human_bytes(held)} per rank, the full {human_bytes(a.full)}")
     for n, held in fsdp:
-        m = ms[scaling_key("zero3", n)]
+        m = a.ms[scaling_key("zero3", n)]
         c.require(
-            all(read.sharded(m, part) for part in read.PARTS),
-            f"FSDP at N={n}: {human_bytes(held)} on the fullest rank, {held / full:.3f} of the full copy "
-            f"(1/{n} = {1 / n:.3f}, at most {read.padded_num_params(m) / read.num_params(m) / n:.3f} with FSDP's padding)",
+            all(m.sharded(part) for part in PARTS),
+            f"FSDP at N={n}: {human_bytes(held)} on the fullest rank, {held / a.full:.3f} of the full copy "
+            f"(1/{n} = {1 / n:.3f}, at most {m.padded_num_params / m.num_params / n:.3f} with FSDP's padding)",
         )
     return c.verdict()
 
 
-def report_persistent_memory_scaling(ms: Measurements) -> Report:
-    ddp, fsdp = _scaling_points(ms, "ddp"), _scaling_points(ms, "zero3")
-    full = read.full_model_states_bytes(next(iter(ms.values())))
+def report_persistent_memory_scaling(a: Scaling) -> Report:
+    ddp, fsdp = a.points["ddp"], a.points["zero3"]
     ddp_text = ", ".join(f"{human_bytes(b)} at N={n}" for n, b in ddp)
     fsdp_text = ", ".join(f"{human_bytes(b)} at N={n}" for n, b in fsdp)
-    fractions = ", ".join(f"{b / full:.3f}" for _, b in fsdp)
-    padded = any(read.padded_num_params(m) > read.num_params(m) for m in ms.values())
+    fractions = ", ".join(f"{b / a.full:.3f}" for _, b in fsdp)
     finding = (
         f"Persistent model states per rank: DDP {ddp_text} (flat); FSDP {fsdp_text} on the fullest rank, "
         f"i.e. {fractions} of the full copy (1/N"
-        + (", plus FSDP's padding of dims that N does not divide)." if padded else ").")
+        + (", plus FSDP's padding of dims that N does not divide)." if a.padded else ").")
     )
     rows = []
-    for strategy, points in (("ddp", ddp), ("zero3", fsdp)):
+    for strategy, points in a.points.items():
         for n, held in points:
-            m = ms[scaling_key(strategy, n)]
-            persistent = max(int(r.get("persistent_bytes") or 0) for r in read.ranks(m))
-            rows.append((strategy, n, held, round(held / full, 4), persistent))
-    keys = [
-        scaling_key(strategy, n) for strategy, points in (("ddp", ddp), ("zero3", fsdp)) for n, _ in points
-    ]
+            persistent = max(r.persistent_bytes for r in a.ms[scaling_key(strategy, n)].ranks)
+            rows.append((strategy, n, held, round(held / a.full, 4), persistent))
+    keys = [scaling_key(strategy, n) for strategy, points in a.points.items() for n, _ in points]
     return Report(
         finding,
         Table(
@@ -186,7 +224,7 @@ def report_persistent_memory_scaling(ms: Measurements) -> Report:
         ),
         {
             "model_states": charts.model_states_chart(
-                "Persistent model states per rank as ranks are added", ms, keys
+                "Persistent model states per rank as ranks are added", a.ms, keys
             )
         },
     )
@@ -195,80 +233,81 @@ def report_persistent_memory_scaling(ms: Measurements) -> Report:
 # --- zero-stages-model-states --------------------------------------------------------------------------
 
 
-def check_zero_stages(ms: Measurements) -> Verdict:
-    ddp, zero1, zero2, zero3 = (ms[s] for s in ("ddp", "zero1", "zero2", "zero3"))
-    n = read.world_size(zero3)
-    full_params = read.full_bytes(zero3, "params")
+def check_zero_stages(a: ModelStates) -> Verdict:
+    n = a.world_size
+    zero2, zero3 = a.ms["zero2"], a.ms["zero3"]
+    full_params = a.full["params"]
+    zero1_optimizer = a.part("zero1", "optimizer")
     c = Conditions()
     c.require(
-        all(read.held_in_full(ddp, part) for part in read.PARTS),
+        all(a.part("ddp", part).held_in_full for part in PARTS),
         "ddp: parameters, gradients and optimizer state full",
     )
     c.require(
-        _all_about(zero1, "optimizer", 1 / n, ZERO1_SHARD_TOLERANCE)
-        and sum(read.part_bytes(zero1, "optimizer")) == read.full_bytes(zero1, "optimizer"),
-        f"zero1: optimizer state split across ranks ({shares_text(read.shares(zero1, 'optimizer'))})",
+        zero1_optimizer.all_about(1 / n, ZERO1_SHARD_TOLERANCE) and sum(zero1_optimizer.bytes) == a.full["optimizer"],
+        f"zero1: optimizer state split across ranks ({shares_text(zero1_optimizer.shares)})",
     )
     c.require(
-        read.held_in_full(zero1, "params") and read.held_in_full(zero1, "grads"),
+        a.part("zero1", "params").held_in_full and a.part("zero1", "grads").held_in_full,
         "zero1: parameters and gradients full",
     )
     c.require(
-        read.sharded(zero2, "grads") and read.sharded(zero2, "optimizer"),
+        a.part("zero2", "grads").sharded and a.part("zero2", "optimizer").sharded,
         f"zero2: gradients and optimizer state about 1/{n} "
-        f"({shares_text(read.shares(zero2, 'grads'))}; {shares_text(read.shares(zero2, 'optimizer'))})",
+        f"({shares_text(a.part('zero2', 'grads').shares)}; {shares_text(a.part('zero2', 'optimizer').shares)})",
     )
     c.require(
-        all(b >= full_params for b in read.unsharded_after_forward(zero2)),
-        f"zero2: full parameters kept from forward to backward ({shares_text([b / full_params for b in read.unsharded_after_forward(zero2)])})",
+        all(b >= full_params for b in zero2.unsharded_after_forward()),
+        f"zero2: full parameters kept from forward to backward "
+        f"({shares_text([b / full_params for b in zero2.unsharded_after_forward()])})",
     )
     c.require(
-        all(read.sharded(zero3, part) for part in read.PARTS),
+        all(a.part("zero3", part).sharded for part in PARTS),
         f"zero3: parameters, gradients and optimizer state about 1/{n}",
     )
-    totals = [max(read.model_states_bytes(m)) for m in (ddp, zero1, zero2, zero3)]
+    totals = [max(a.totals[key]) for key in ("ddp", "zero1", "zero2", "zero3")]
     c.require(
         totals[0] > totals[1] > totals[2] >= totals[3],
         f"model states between steps fall stage by stage ({' > '.join(human_bytes(t) for t in totals)})",
     )
     c.require(
-        all(b < full_params for b in read.unsharded_after_forward(zero3)),
-        f"zero3: block parameters freed after forward ({shares_text([b / full_params for b in read.unsharded_after_forward(zero3)])} kept gathered)",
+        all(b < full_params for b in zero3.unsharded_after_forward()),
+        f"zero3: block parameters freed after forward "
+        f"({shares_text([b / full_params for b in zero3.unsharded_after_forward()])} kept gathered)",
     )
     return c.verdict()
 
 
-def report_zero_stages(ms: Measurements) -> Report:
+def report_zero_stages(a: ModelStates) -> Report:
     keys = ["ddp", "zero1", "zero2", "zero3"]
-    n = read.world_size(ms["zero3"])
-    full_params = read.full_bytes(ms["zero3"], "params")
-    paper = {key: model_states_bytes_per_rank(read.num_params(ms[key]), n, key)["total"] for key in keys}
+    n = a.world_size
+    full_params = a.full["params"]
+    paper = {key: model_states_bytes_per_rank(a.ms[key].num_params, n, key)["total"] for key in keys}
 
     def shares(key: str) -> str:
-        return "/".join(percent(read.shares(ms[key], part)[0]) for part in read.PARTS)
+        return "/".join(percent(a.part(key, part).shares[0]) for part in PARTS)
 
+    after_forward = {key: a.ms[key].unsharded_after_forward()[0] for key in keys}
     finding = (
         f"Share of the full parameters/gradients/optimizer state on rank 0 at N={n}: "
         + "; ".join(f"{key} {shares(key)}" for key in keys)
-        + f"; model states between steps {', '.join(human_bytes(read.model_states_bytes(ms[k])[0]) for k in keys)}. "
+        + f"; model states between steps {', '.join(human_bytes(a.totals[k][0]) for k in keys)}. "
         f"zero2 (FSDP2, reshard-after-forward off) keeps "
-        f"{percent(read.unsharded_after_forward(ms['zero2'])[0] / full_params)} of the parameters unsharded from forward "
+        f"{percent(after_forward['zero2'] / full_params)} of the parameters unsharded from forward "
         f"to backward, where stage 2 keeps them replicated, and reshards them after backward (the paper's stage 2 "
         f"would hold {human_bytes(paper['zero2'])} between steps); zero3 keeps only the root unit "
-        f"({percent(read.unsharded_after_forward(ms['zero3'])[0] / full_params)})."
+        f"({percent(after_forward['zero3'] / full_params)})."
     )
-    rows = []
-    for key in keys:
-        m = ms[key]
-        rows.append(
-            (
-                key,
-                *(read.part_bytes(m, part)[0] for part in read.PARTS),
-                read.model_states_bytes(m)[0],
-                paper[key],
-                read.unsharded_after_forward(m)[0],
-            )
+    rows = tuple(
+        (
+            key,
+            *(a.part(key, part).bytes[0] for part in PARTS),
+            a.totals[key][0],
+            paper[key],
+            after_forward[key],
         )
+        for key in keys
+    )
     return Report(
         finding,
         Table(
@@ -281,11 +320,11 @@ def report_zero_stages(ms: Measurements) -> Report:
                 "paper's model states bytes",
                 "unsharded params after forward",
             ),
-            tuple(rows),
+            rows,
         ),
         {
             "model_states": charts.model_states_chart(
-                f"Model states per rank by ZeRO stage (rank 0, N={n})", ms, keys
+                f"Model states per rank by ZeRO stage (rank 0, N={n})", a.ms, keys
             )
         },
     )
@@ -294,10 +333,9 @@ def report_zero_stages(ms: Measurements) -> Report:
 # --- adam-optimizer-state --------------------------------------------------------------------------------
 
 
-def check_adam_state(ms: Measurements) -> Verdict:
-    ddp = ms["ddp"]
+def check_adam_state(a: ModelStates) -> Verdict:
     c = Conditions()
-    params, grads, optimizer = (read.part_bytes(ddp, part) for part in read.PARTS)
+    params, grads, optimizer = (a.part("ddp", part).bytes for part in PARTS)
     ratios = [o / p for o, p in zip(optimizer, params, strict=True)]
     c.require(
         all(abs(r - 2) < 1e-9 for r in ratios),
@@ -310,10 +348,9 @@ def check_adam_state(ms: Measurements) -> Verdict:
     return c.verdict()
 
 
-def report_adam_state(ms: Measurements) -> Report:
-    ddp = ms["ddp"]
-    psi = read.num_params(ddp)
-    params, grads, optimizer = (read.part_bytes(ddp, part)[0] for part in read.PARTS)
+def report_adam_state(a: ModelStates) -> Report:
+    psi = a.ms["ddp"].num_params
+    params, grads, optimizer = (a.part("ddp", part).bytes[0] for part in PARTS)
     mixed = bytes_per_param(mixed_precision=True)
     finding = (
         f"Under DDP each rank's Adam state is {optimizer / params:.2f}x its parameter bytes "
@@ -322,15 +359,14 @@ def report_adam_state(ms: Measurements) -> Report:
         f"With mixed precision the analytic model gives K={mixed['optimizer']} B per parameter of "
         f"optimizer state against {mixed['params']}+{mixed['grads']} for fp16 parameters and gradients."
     )
-    measured_per_param = {part: read.part_bytes(ddp, part)[0] / psi for part in read.PARTS}
+    measured_per_param = {part: a.part("ddp", part).bytes[0] / psi for part in PARTS}
     rows = tuple(
-        (part, read.part_bytes(ddp, part)[0], round(measured_per_param[part], 4), mixed[part])
-        for part in read.PARTS
+        (part, a.part("ddp", part).bytes[0], round(measured_per_param[part], 4), mixed[part]) for part in PARTS
     )
     chart = stacked_bar_chart(
         "Bytes per parameter by model state",
         [Bar("fp32 Adam (measured)", measured_per_param), Bar("mixed precision (paper)", dict(mixed))],
-        read.PARTS,
+        PARTS,
         colours=charts.MEMORY_COLOURS,
         format_value=lambda v: f"{v:g} B/param",
     )
@@ -352,46 +388,43 @@ def report_adam_state(ms: Measurements) -> Report:
 # --- stage1-optimizer-only ---------------------------------------------------------------------------------
 
 
-def check_stage1(ms: Measurements) -> Verdict:
-    zero1 = ms["zero1"]
-    n = read.world_size(zero1)
+def check_stage1(a: ModelStates) -> Verdict:
+    n = a.world_size
+    optimizer = a.part("zero1", "optimizer")
     c = Conditions()
-    optimizer = read.part_bytes(zero1, "optimizer")
     c.require(
-        _all_about(zero1, "optimizer", 1 / n, ZERO1_SHARD_TOLERANCE),
-        f"zero1: each rank's optimizer state about 1/{n} ({shares_text(read.shares(zero1, 'optimizer'))})",
+        optimizer.all_about(1 / n, ZERO1_SHARD_TOLERANCE),
+        f"zero1: each rank's optimizer state about 1/{n} ({shares_text(optimizer.shares)})",
     )
     c.require(
-        sum(optimizer) == read.full_bytes(zero1, "optimizer"),
+        sum(optimizer.bytes) == a.full["optimizer"],
         "zero1: the ranks' optimizer shards add up to one copy",
     )
     for part in ("params", "grads"):
-        c.require(
-            read.held_in_full(zero1, part),
-            f"zero1: {part} full on every rank ({shares_text(read.shares(zero1, part))})",
-        )
+        held = a.part("zero1", part)
+        c.require(held.held_in_full, f"zero1: {part} full on every rank ({shares_text(held.shares)})")
     return c.verdict()
 
 
-def report_stage1(ms: Measurements) -> Report:
-    zero1, ddp = ms["zero1"], ms["ddp"]
-    n = read.world_size(zero1)
+def report_stage1(a: ModelStates) -> Report:
+    n = a.world_size
+    optimizer = a.part("zero1", "optimizer")
     finding = (
         f"At N={n}, ZeRO-1 (ZeroRedundancyOptimizer) leaves the ranks "
-        f"{shares_text(read.shares(zero1, 'optimizer'))} of Adam's state "
-        f"({' / '.join(human_bytes(b) for b in read.part_bytes(zero1, 'optimizer'))}; whole tensors are assigned "
-        f"greedily, so the split is near 1/{n}{', here exact' if _all_about(zero1, 'optimizer', 1 / n, 0.0) else ''}) "
+        f"{shares_text(optimizer.shares)} of Adam's state "
+        f"({' / '.join(human_bytes(b) for b in optimizer.bytes)}; whole tensors are assigned "
+        f"greedily, so the split is near 1/{n}{', here exact' if optimizer.all_about(1 / n, 0.0) else ''}) "
         f"while parameters and gradients stay full "
-        f"({shares_text(read.shares(zero1, 'params'))} and {shares_text(read.shares(zero1, 'grads'))}); "
-        f"DDP holds {human_bytes(read.part_bytes(ddp, 'optimizer')[0])} of optimizer state on every rank."
+        f"({shares_text(a.part('zero1', 'params').shares)} and {shares_text(a.part('zero1', 'grads').shares)}); "
+        f"DDP holds {human_bytes(a.part('ddp', 'optimizer').bytes[0])} of optimizer state on every rank."
     )
     keys = ["ddp", "zero1"]
     return Report(
         finding,
-        Table(MODEL_STATES_COLUMNS, _model_states_rows(ms, keys)),
+        Table(MODEL_STATES_COLUMNS, _model_states_rows(a, keys)),
         {
             "model_states": charts.model_states_chart(
-                f"Model states on each rank, DDP vs ZeRO-1 (N={n})", ms, keys, every_rank=True
+                f"Model states on each rank, DDP vs ZeRO-1 (N={n})", a.ms, keys, every_rank=True
             )
         },
     )
@@ -400,26 +433,32 @@ def report_stage1(ms: Measurements) -> Report:
 MODEL_STATE_LABS: tuple[Lab, ...] = (
     catalog_lab(
         "what-fsdp-shards",
-        runs_at(("ddp", "ddp", {}), ("zero3", "zero3", {})),
+        runs_at(("ddp", Strategy.DDP, {}), ("zero3", Strategy.ZERO3, {})),
+        analyse_model_states,
         check_what_fsdp_shards,
         report_what_fsdp_shards,
     ),
     catalog_lab(
         "persistent-memory-scaling",
         scaling_runs,
+        analyse_scaling,
         check_persistent_memory_scaling,
         report_persistent_memory_scaling,
     ),
     catalog_lab(
         "zero-stages-model-states",
-        runs_at(("ddp", "ddp", {}), ("zero1", "zero1", {}), ("zero2", "zero2", {}), ("zero3", "zero3", {})),
+        runs_at(("ddp", Strategy.DDP, {}), ("zero1", Strategy.ZERO1, {}), ("zero2", Strategy.ZERO2, {}), ("zero3", Strategy.ZERO3, {})),
+        analyse_model_states,
         check_zero_stages,
         report_zero_stages,
     ),
-    catalog_lab("adam-optimizer-state", runs_at(("ddp", "ddp", {})), check_adam_state, report_adam_state),
+    catalog_lab(
+        "adam-optimizer-state", runs_at(("ddp", Strategy.DDP, {})), analyse_model_states, check_adam_state, report_adam_state
+    ),
     catalog_lab(
         "stage1-optimizer-only",
-        runs_at(("ddp", "ddp", {}), ("zero1", "zero1", {})),
+        runs_at(("ddp", Strategy.DDP, {}), ("zero1", Strategy.ZERO1, {})),
+        analyse_model_states,
         check_stage1,
         report_stage1,
     ),

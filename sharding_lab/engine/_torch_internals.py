@@ -1,0 +1,222 @@
+"""Every private torch internal the engine uses, reached from here and nowhere else.
+
+The trackers, FSDP2's explicit prefetch control, DDP's mixed precision and the simulation's fake
+process group all rest on names torch does not promise to keep. Each one is fetched by an accessor
+below; if a torch release renames or drops it, the accessor raises `TorchInternalMissing`, naming
+the torch version and the feature lost, instead of a lab quietly reporting "NOT ...". Importing this
+module checks the torch version against the range the project has run on.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# The versions this engine has run on: CI's CPU build and the lent GPU machine's CUDA build.
+TESTED_TORCH_VERSIONS: tuple[str, ...] = ("2.11", "2.13")
+MINIMUM_TORCH = (2, 6)  # FSDP2's fully_shard and the _tools trackers with FSDP support
+
+
+class TorchInternalMissing(RuntimeError):
+    """A private torch name the engine needs is not in this torch."""
+
+
+def torch_version() -> tuple[int, int]:
+    match = re.match(r"(\d+)\.(\d+)", torch.__version__)
+    if match is None:  # a build string we cannot read: assume it is new enough
+        return (99, 0)
+    return int(match.group(1)), int(match.group(2))
+
+
+def _check_version() -> None:
+    if torch_version() < MINIMUM_TORCH:
+        minimum = ".".join(map(str, MINIMUM_TORCH))
+        raise RuntimeError(
+            f"sharding_lab needs torch >= {minimum} (FSDP2 and its memory trackers); this is torch "
+            f"{torch.__version__}. Tested on torch {', '.join(TESTED_TORCH_VERSIONS)}."
+        )
+
+
+_check_version()
+
+
+def _missing(what: str, feature: str, error: Exception) -> TorchInternalMissing:
+    return TorchInternalMissing(
+        f"torch {torch.__version__} has no {what} ({type(error).__name__}: {error}); "
+        f"without it {feature} cannot work. Tested on torch {', '.join(TESTED_TORCH_VERSIONS)}."
+    )
+
+
+def _load(module: str, name: str, feature: str) -> Any:
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as error:
+        raise _missing(f"{module}.{name}", feature, error) from error
+
+
+def _attribute(obj: Any, name: str, feature: str) -> Any:
+    try:
+        return getattr(obj, name)
+    except AttributeError as error:
+        raise _missing(f"{type(obj).__name__}.{name}", feature, error) from error
+
+
+# --- generic machinery: dispatch modes, pytrees, autograd callbacks ---------------------------------------
+
+
+def dispatch_mode_class() -> type:
+    """torch.utils._python_dispatch.TorchDispatchMode: sees every op (the reference comm tracker)."""
+    return _load("torch.utils._python_dispatch", "TorchDispatchMode", "recording collectives by dispatch")
+
+
+def tree_flatten(obj: Any) -> tuple[list[Any], Any]:
+    """torch.utils._pytree.tree_flatten: the tensors inside nested arguments."""
+    return _load("torch.utils._pytree", "tree_flatten", "finding tensors in a collective's arguments")(obj)
+
+
+def op_name(func: Any) -> str:
+    """A dispatched op's schema name, e.g. 'c10d::allreduce_'."""
+    return _attribute(func, "_schema", "naming dispatched collectives").name
+
+
+def queue_autograd_callback(callback: Callable[[], None]) -> None:
+    """Run `callback` when the current backward pass ends (the root module's backward_end event)."""
+    engine = _attribute(torch.autograd.Variable, "_execution_engine", "the end-of-backward timeline event")
+    _attribute(engine, "queue_callback", "the end-of-backward timeline event")(callback)
+
+
+# --- FSDP2 ---------------------------------------------------------------------------------------------------
+
+_PREFETCH = "FSDP2's prefetch control and collective attribution"
+# Where FSDP2 issues its all-gathers: the parameter group's methods, in this file.
+FSDP_PARAM_GROUP_FILE = "_fsdp_param_group.py"
+FSDP_PREFETCH_METHODS: tuple[str, ...] = ("_prefetch_unshard", "_backward_prefetch")
+
+
+def fsdp_param_group_class() -> type:
+    """FSDP2's FSDPParamGroup: the unit whose all-gather or reduce-scatter is running."""
+    return _load("torch.distributed.fsdp._fully_shard._fsdp_param_group", "FSDPParamGroup", _PREFETCH)
+
+
+def fsdp_group_module_name(group: Any) -> str:
+    """The qualified name of the module a parameter group belongs to ('' for the root)."""
+    return _attribute(group, "_module_fqn", _PREFETCH) or ""
+
+
+def disable_implicit_backward_prefetch(fsdp_module: Any) -> None:
+    """Switch off FSDP2's default backward prefetch for one module (an empty explicit list keeps it)."""
+    state = _attribute(fsdp_module, "_get_fsdp_state", _PREFETCH)()
+    for group in _attribute(state, "_fsdp_param_groups", _PREFETCH):
+        _attribute(group, "_backward_prefetch", _PREFETCH)
+        group._backward_prefetch = lambda: None  # an instance attribute shadows the method
+
+
+# --- DDP -------------------------------------------------------------------------------------------------------
+
+
+def ddp_mixed_precision(param_dtype: torch.dtype, reduce_dtype: torch.dtype) -> Any:
+    """DDP's (private) mixed precision config: low-precision copies for compute, reduce in `reduce_dtype`."""
+    config = _load("torch.nn.parallel.distributed", "_MixedPrecision", "DDP with mixed precision")
+    return config(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+
+
+def ddp_comm_hooks(model: Any) -> list[Callable]:
+    """The comm hooks already registered on a DDP model."""
+    return [hook for hook, _state in _attribute(model, "_comm_hooks", "recording DDP's all-reduce")]
+
+
+# --- the memory trackers (torch.distributed._tools) ------------------------------------------------------------
+
+_TRACKING = "memory tracking by category"
+
+
+def mem_tracker_class() -> type:
+    return _load("torch.distributed._tools.mem_tracker", "MemTracker", _TRACKING)
+
+
+def fsdp_mem_tracker_class() -> type:
+    return _load("torch.distributed._tools.fsdp2_mem_tracker", "FSDPMemTracker", _TRACKING)
+
+
+def fsdp_ref_types() -> Any:
+    """FSDPMemTracker's category enum (_FSDPRefType): sharded and unsharded params, all-gather buffers, ..."""
+    return _load("torch.distributed._tools.fsdp2_mem_tracker", "_FSDPRefType", _TRACKING)
+
+
+def tracker_current_snapshot(tracker: Any) -> dict:
+    """The tracker's live {device: {category: bytes}}, updated on every allocation."""
+    return _attribute(tracker, "_curr_mem_snap", _TRACKING)
+
+
+def with_category_peaks(tracker_class: type) -> type:
+    """A subclass of a torch tracker that also keeps each category's own maximum, per device, in
+    `category_peaks`: the snapshot update is private, so the hook into it lives here."""
+    _attribute(tracker_class, "_update_snap", _TRACKING)
+
+    class KeepsCategoryPeaks(tracker_class):
+        def _update_snap(self, *args: Any, **kwargs: Any) -> None:
+            super()._update_snap(*args, **kwargs)
+            peaks = self.__dict__.setdefault("category_peaks", {})
+            for device, snapshot in tracker_current_snapshot(self).items():
+                device_peaks = peaks.setdefault(device, {})
+                for key, value in snapshot.items():
+                    if value > device_peaks.get(key, 0):
+                        device_peaks[key] = value
+
+    KeepsCategoryPeaks.__name__ = f"{tracker_class.__name__}WithCategoryPeaks"
+    return KeepsCategoryPeaks
+
+
+def global_peak_only(tracker_class: type) -> type:
+    """A subclass of FSDPMemTracker that keeps only the global peak, not each module's: its per-module
+    peaks walk every tracked module on every dispatched op, a third of a large simulation's time."""
+    _attribute(tracker_class, "_update_peak_stats", "the fast simulation")
+
+    class GlobalPeakOnly(tracker_class):
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            current = _attribute(self, "_curr_mem_snap", "the fast simulation")
+            peak = _attribute(self, "_peak_mem", "the fast simulation")
+            peak_snapshot = _attribute(self, "_peak_mem_snap", "the fast simulation")
+            for device, device_snapshot in current.items():
+                if peak.get(device, 0) < device_snapshot["Total"]:
+                    peak[device] = device_snapshot["Total"]
+                    peak_snapshot[device] = dict(device_snapshot)
+
+    return GlobalPeakOnly
+
+
+# --- the simulation --------------------------------------------------------------------------------------------
+
+
+def fake_tensor_mode(**kwargs: Any) -> Any:
+    """torch._subclasses.FakeTensorMode: tensors with shapes and dtypes but no storage."""
+    return _load("torch._subclasses.fake_tensor", "FakeTensorMode", "the FakeTensorMode simulation")(**kwargs)
+
+
+def fake_store() -> Any:
+    """The store for torch's `fake` process group (importing its module registers the backend)."""
+    return _load("torch.testing._internal.distributed.fake_pg", "FakeStore", "the fake process group")()
+
+
+# Every accessor that fetches a name, for a check of this torch (tests call each).
+ACCESSORS: dict[str, Callable[[], Any]] = {
+    "TorchDispatchMode": dispatch_mode_class,
+    "tree_flatten": lambda: tree_flatten([]),
+    "FSDPParamGroup": fsdp_param_group_class,
+    "DDP _MixedPrecision": lambda: ddp_mixed_precision(torch.bfloat16, torch.float32),
+    "MemTracker": mem_tracker_class,
+    "FSDPMemTracker": fsdp_mem_tracker_class,
+    "_FSDPRefType": fsdp_ref_types,
+    "MemTracker with category peaks": lambda: with_category_peaks(mem_tracker_class()),
+    "FSDPMemTracker with category peaks": lambda: with_category_peaks(fsdp_mem_tracker_class()),
+    "FSDPMemTracker global peak": lambda: global_peak_only(fsdp_mem_tracker_class()),
+    "FakeTensorMode": lambda: fake_tensor_mode(),
+    "FakeStore": fake_store,
+    "autograd execution engine": lambda: _attribute(
+        _attribute(torch.autograd.Variable, "_execution_engine", "end of backward"), "queue_callback", "end of backward"
+    ),
+}

@@ -1,0 +1,99 @@
+"""Run labs: measure the configurations they need, then check and report on the measurements.
+
+Starting ranks and importing torch is the slow part on a small machine, so every configuration the
+requested labs need at one world size is measured in a single launch, and labs that need the same
+configuration (equal `RunConfig`s) share its measurement.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+from sharding_lab.engine.measure import measure_many
+from sharding_lab.labs.base import RunSpec
+from sharding_lab.labs.evaluate import evaluate
+from sharding_lab.labs.registry import LABS, get_lab
+from sharding_lab.measurement import Measurement
+from sharding_lab.run_config import RunConfig
+
+Progress = Callable[[str], None]
+
+
+def run_lab(
+    lab_id: str,
+    world_size: int = 2,
+    *,
+    size: str = "tiny",
+    device: str = "cpu",
+    on_progress: Progress | None = None,
+    on_status: Progress | None = None,
+) -> dict:
+    """Measure, check and report one lab; the run JSON (see `sharding_lab.labs.evaluate.evaluate`)."""
+    return run_labs(
+        [lab_id], world_size, size=size, device=device, on_progress=on_progress, on_status=on_status
+    )[0]
+
+
+def lab_specs(lab_id: str, world_size: int, *, size: str = "tiny", device: str = "cpu") -> tuple[RunSpec, ...]:
+    """The lab's runs at `world_size`, on the model `size` and `device` asked for."""
+    return tuple(
+        RunSpec(spec.key, spec.config.replace(size=size, device=device)) for spec in get_lab(lab_id).runs(world_size)
+    )
+
+
+def run_labs(
+    lab_ids: Iterable[str] | None = None,
+    world_size: int = 2,
+    *,
+    size: str = "tiny",
+    device: str = "cpu",
+    on_progress: Progress | None = None,
+    on_status: Progress | None = None,
+) -> list[dict]:
+    """Run several labs (all by default) with one launch per world size; their run JSONs in order.
+
+    `on_progress` hears each milestone (a launch, a lab's verdict); `on_status` also hears rank 0's
+    live position inside a launch (e.g. "zero3: step 2 backward"), for a status line.
+    """
+    if world_size < 2:
+        raise ValueError(f"labs compare sharded ranks: world_size must be at least 2, got {world_size}")
+    labs = [get_lab(lab_id) for lab_id in (LABS if lab_ids is None else lab_ids)]
+    specs = {lab.id: lab_specs(lab.id, world_size, size=size, device=device) for lab in labs}
+    all_configs = [spec.config for lab_specs_ in specs.values() for spec in lab_specs_]
+    measured, seconds = measure_configs(all_configs, on_progress=on_progress, on_status=on_status)
+    runs = []
+    for lab in labs:
+        measurements = {spec.key: measured[spec.config] for spec in specs[lab.id]}
+        launch_seconds = sum(seconds[n] for n in {spec.config.world_size for spec in specs[lab.id]})
+        runs.append(evaluate(lab, world_size, specs[lab.id], measurements, launch_seconds))
+        if on_progress:
+            verdict = "holds" if runs[-1]["holds"] else "DOES NOT HOLD"
+            on_progress(f"{lab.id}: {verdict}")
+    return runs
+
+
+def measure_configs(
+    configs: Sequence[RunConfig],
+    *,
+    on_progress: Progress | None = None,
+    on_status: Progress | None = None,
+) -> tuple[dict[RunConfig, Measurement], dict[int, float]]:
+    """Measure each distinct configuration once, one launch per world size.
+
+    Returns the measurements keyed by their RunConfig and each launch's wall seconds.
+    """
+    by_world_size: dict[int, list[RunConfig]] = {}
+    for config in dict.fromkeys(configs):
+        by_world_size.setdefault(config.world_size, []).append(config)
+    measured: dict[RunConfig, Measurement] = {}
+    seconds: dict[int, float] = {}
+    for world_size, distinct in sorted(by_world_size.items()):
+        if on_progress:
+            names = ", ".join(config.label for config in distinct)
+            on_progress(f"launching {world_size} rank{'s' if world_size > 1 else ''}: {names}")
+        started = time.perf_counter()
+        results = measure_many(distinct, on_progress=on_status)
+        seconds[world_size] = time.perf_counter() - started
+        measured.update(zip(distinct, results, strict=True))
+    return measured, seconds

@@ -1,0 +1,111 @@
+"""A lab's verdict and report on measurements already taken, as the run JSON; and its stored summary.
+
+Torch-free: the engine side (`sharding_lab.engine.run_labs`) measures and then calls `evaluate`; tests
+call it on stored or doctored measurements.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from sharding_lab.labs.base import Lab, Report, RunSpec, Table, Verdict
+from sharding_lab.measurement import Measurements
+
+# The run JSON's bulky parts, left out of stored summaries (exports, the web app's list).
+BULKY_FIELDS = ("measurements", "charts")
+# What a check or a report raises on measurements that lack what it reads (a doctored run, an engine change).
+_UNREADABLE = (KeyError, IndexError, TypeError, ValueError, ZeroDivisionError, AttributeError)
+
+
+def evaluate(
+    lab: Lab,
+    world_size: int,
+    specs: Sequence[RunSpec],
+    measurements: Measurements,
+    launch_seconds: float = 0.0,
+) -> dict:
+    """The run JSON of one lab (what `sharding-lab run LAB --json` prints):
+
+    lab, title, claim, questions: the catalogue entry; holds: whether every condition of the check
+    held; reasons: each condition with its numbers ("NOT ..." when it failed); finding: what was
+    measured, in a sentence or two with the numbers; table: {"columns", "rows"} the finding rests on;
+    charts: {name: SVG}; measurements: {run key: the engine's measurement JSON}; config: strategy (and
+    strategies), world_size (and world_sizes), each run's options, size, backend, device,
+    torch_version; duration_s: seconds of the launches it used (shared with other labs under
+    --all) plus its check and report.
+    """
+    started = time.perf_counter()
+    verdict, report = _assess(lab, measurements)
+    first = next(iter(measurements.values())).config
+    strategies = list(dict.fromkeys(str(spec.config.strategy) for spec in specs))  # in the lab's order
+    return {
+        "lab": lab.id,
+        "title": lab.info.title,
+        "claim": lab.info.claim,
+        "questions": list(lab.info.questions),
+        "holds": verdict.holds,
+        "finding": report.finding,
+        "reasons": list(verdict.reasons),
+        "table": report.table.to_dict(),
+        "charts": report.charts,
+        "measurements": {key: m.to_json() for key, m in measurements.items()},
+        "config": {
+            "strategy": ", ".join(strategies),
+            "strategies": strategies,
+            "world_size": world_size,
+            "world_sizes": sorted({spec.config.world_size for spec in specs}),
+            "runs": [
+                {
+                    "key": s.key,
+                    "strategy": str(s.config.strategy),
+                    "world_size": s.config.world_size,
+                    "options": s.config.changed_options(),
+                }
+                for s in specs
+            ],
+            "size": first.size,
+            "backend": first.backend,
+            "device": first.device,
+            "torch_version": first.torch_version,
+        },
+        "duration_s": round(launch_seconds + time.perf_counter() - started, 3),
+    }
+
+
+def _assess(lab: Lab, measurements: Measurements) -> tuple[Verdict, Report]:
+    """The lab's verdict and report; measurements it cannot read give "not shown", not a crash."""
+    try:
+        analysis = lab.analyse(measurements)
+    except _UNREADABLE as error:
+        reason = f"{type(error).__name__}: {error}"
+        return (
+            Verdict(False, (f"NOT checkable: {reason}",)),
+            Report(f"No report: the measurements lack what it reads ({reason}).", Table((), ())),
+        )
+    try:
+        verdict = lab.check_analysis(analysis)
+    except _UNREADABLE as error:
+        verdict = Verdict(False, (f"NOT checkable: {type(error).__name__}: {error}",))
+    try:
+        report = lab.report_analysis(analysis)
+    except _UNREADABLE as error:
+        report = Report(
+            f"No report: the measurements lack what it reads ({type(error).__name__}: {error}).", Table((), ())
+        )
+    return verdict, report
+
+
+def summarize(run: Mapping) -> dict:
+    """A run without its bulky parts (measurements, charts): what exports and listings store."""
+    return {name: value for name, value in run.items() if name not in BULKY_FIELDS}
+
+
+def write_summaries(runs: Iterable[Mapping], path: Path) -> None:
+    """Write {lab id: summarize(run)} to `path` (exports/lab-results.json), formatted as the Anki
+    export writes it, so a rebuild of the decks leaves the file's layout unchanged."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    summaries = {run["lab"]: summarize(run) for run in runs}
+    path.write_text(json.dumps(summaries, indent=1, sort_keys=True) + "\n", encoding="utf-8")

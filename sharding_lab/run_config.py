@@ -1,0 +1,109 @@
+"""What one engine run is: a strategy, its options, the model and the training loop, typed and hashable.
+
+`RunConfig` is the input of `sharding_lab.engine.measure` and the key labs share measurements by: two
+labs that need the same configuration get the same measurement. No torch here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from sharding_lab.strategies import Strategy
+
+DEVICES: tuple[str, ...] = ("cpu", "cuda")  # cpu: gloo; cuda: NCCL, one GPU per rank
+
+
+@dataclass(frozen=True)
+class ParallelOptions:
+    """How `parallelize` applies a strategy."""
+
+    prefetch: bool = True
+    """FSDP: explicit prefetching. On, each unit issues the next unit's all-gather right after its own
+    (forward: the next block; backward: the previous block). Off, no prefetching at all (FSDP's
+    implicit backward prefetch is switched off too): every all-gather is issued by the unit that
+    needs it."""
+    mixed_precision: bool = False
+    """bf16 parameters for compute, fp32 gradient reduction; the sharded/master copies stay fp32."""
+    reshard_after_forward: bool | None = None
+    """FSDP: override the strategy's choice (zero2: False, zero3: True) for the blocks."""
+    lr: float = 1e-3
+    """Adam's learning rate."""
+    gradient_divide_factor: float | None = None
+    """FSDP: what summed gradients are divided by (None: FSDP's choice, the world size). 1 makes FSDP
+    sum instead of average: the regression the gradient-parity check must catch."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One configuration to measure: `world_size` ranks on `device` train `size` with `strategy`."""
+
+    strategy: Strategy
+    world_size: int = 2
+    options: ParallelOptions = field(default_factory=ParallelOptions)
+    size: str = "tiny"  # a named model size (sharding_lab.engine.model.SIZES)
+    model_overrides: tuple[tuple[str, Any], ...] = ()  # GPTConfig fields to change, e.g. (("vocab_size", 131),)
+    batch_size: int = 2  # per rank; the global batch is world_size times this
+    seq_len: int | None = None  # None: the model's block_size
+    warmup_steps: int = 2  # FSDP's lazy init, Adam's state and DDP's bucket rebuild happen here
+    timed_steps: int = 3
+    check_gradients: bool = False  # compare the first step's gradient with a single-process reference
+    seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "strategy", Strategy.parse(self.strategy))
+        object.__setattr__(self, "model_overrides", tuple(sorted(dict(self.model_overrides).items())))
+        if self.world_size < 1:
+            raise ValueError(f"world_size must be at least 1, got {self.world_size}")
+        if self.device not in DEVICES:
+            raise ValueError(f"unknown device {self.device!r}; choose one of {', '.join(DEVICES)}")
+        if self.warmup_steps < 1 and self.check_gradients:
+            raise ValueError("check_gradients needs at least one warm-up step")
+
+    @classmethod
+    def of(cls, strategy: Strategy | str, **fields: Any) -> RunConfig:
+        """A RunConfig from flat keywords: ParallelOptions' fields go into `options`."""
+        option_names = ParallelOptions.__dataclass_fields__
+        options = ParallelOptions(**{k: v for k, v in fields.items() if k in option_names})
+        rest = {k: v for k, v in fields.items() if k not in option_names}
+        if isinstance(rest.get("model_overrides"), dict):
+            rest["model_overrides"] = tuple(rest["model_overrides"].items())
+        unknown = set(rest) - set(cls.__dataclass_fields__)
+        if unknown:
+            valid = sorted({*cls.__dataclass_fields__, *option_names} - {"options", "strategy"})
+            raise ValueError(f"unknown options {sorted(unknown)}; valid: {valid}")
+        return cls(strategy, options=options, **rest)
+
+    def replace(self, **fields: Any) -> RunConfig:
+        """This configuration with some fields changed (ParallelOptions' too)."""
+        option_names = ParallelOptions.__dataclass_fields__
+        options = replace(self.options, **{k: v for k, v in fields.items() if k in option_names})
+        return replace(self, options=options, **{k: v for k, v in fields.items() if k not in option_names})
+
+    @property
+    def reshard_after_forward(self) -> bool | None:
+        """The blocks' reshard-after-forward this run uses; None for DDP strategies."""
+        return self.strategy.reshard_after_forward(self.options.reshard_after_forward)
+
+    def changed_options(self) -> dict[str, Any]:
+        """The options that differ from the defaults, flat, as `RunConfig.of` takes them (the run's
+        strategy, world size, size and device left out: they are reported on their own)."""
+        changed = {
+            name: getattr(self.options, name)
+            for name, spec in ParallelOptions.__dataclass_fields__.items()
+            if getattr(self.options, name) != spec.default
+        }
+        for name, spec in RunConfig.__dataclass_fields__.items():
+            if name in ("strategy", "world_size", "options", "size", "device"):
+                continue
+            default = () if name == "model_overrides" else spec.default
+            if getattr(self, name) != default:
+                changed[name] = dict(self.model_overrides) if name == "model_overrides" else getattr(self, name)
+        return changed
+
+    @property
+    def label(self) -> str:
+        """Short and readable: the strategy and whatever differs from the defaults."""
+        changed = ", ".join(f"{name}={value}" for name, value in self.changed_options().items())
+        return f"{self.strategy}({changed})" if changed else str(self.strategy)
