@@ -10,7 +10,6 @@ from flask import Blueprint, abort, current_app, send_from_directory
 bp = Blueprint("exports", __name__, url_prefix="/exports")
 
 EXPORT_NAME = re.compile(r"^[a-z0-9][a-z0-9-]*\.apkg$")  # a deck id or all-decks, never a path
-ALL_DECKS = "all-decks.apkg"
 
 
 def exports_dir() -> Path:
