@@ -27,6 +27,8 @@ from studyapp import create_app, migrate
 from studyapp.db import get_engine, make_engine
 from studyapp.sync import sync_bank
 
+pytestmark = pytest.mark.slow  # old code in a subprocess, whole review histories migrated down and up
+
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
 
