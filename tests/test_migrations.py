@@ -89,6 +89,7 @@ def test_a_partial_schema_without_history_is_refused(database_url, tmp_path):
 
 OLD_APP = """
 import json, sys
+from datetime import datetime, timedelta, timezone
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, text
@@ -97,9 +98,19 @@ import studyapp
 from studyapp import create_app
 from studyapp.db import get_engine
 from studyapp.sync import sync_bank
-from conftest import T0, Clock, require_git_checkout
-from db_checks import assert_cards_replay, table_rows
-from review_driver import drive_reviews
+from review_driver import drive_reviews  # reads only HTML: it drives any version of the app
+
+
+class Clock:  # a settable clock, as in conftest (which imports today's app, so not from here)
+    def __init__(self):
+        self.now = datetime(2026, 3, 2, 12, 0, tzinfo=timezone.utc)
+
+    def __call__(self):
+        return self.now
+
+    def advance(self, **delta):
+        self.now += timedelta(**delta)
+
 
 url, bank, instance = sys.argv[1:4]
 # 1. The schema migration 0001 built (now in the database) is what this old code's models describe.
