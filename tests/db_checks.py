@@ -8,8 +8,8 @@ from sqlalchemy import MetaData, select, text
 from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
-from studyapp.migrate import APP_TABLES
 from studyapp import sm2
+from studyapp.migrate import APP_TABLES
 from studyapp.models import Card, ReviewLog
 from studyapp.study import Schedule, replayed_schedule, schedule_after
 
