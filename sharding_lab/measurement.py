@@ -130,21 +130,26 @@ class Event:
     kind: str  # "collective", "start" or "end"
     module: str
     phase: str  # forward, backward, optimizer (for module events: the pass they bound)
-    op: str = ""  # the collective, for kind == "collective"
-    bytes: int = 0
-    seq: int | None = None  # the collective's index in CommSummary.collectives
+    collective: Collective | None = None  # for kind == "collective"
 
-    def to_json(self, collectives: tuple[Collective, ...]) -> dict:
-        if self.kind == "collective" and self.seq is not None:
-            return {"event": "collective", **asdict(collectives[self.seq])}
+    @property
+    def op(self) -> str:
+        return self.collective.op if self.collective else ""
+
+    @property
+    def bytes(self) -> int:
+        return self.collective.bytes if self.collective else 0
+
+    def to_json(self) -> dict:
+        if self.collective is not None:
+            return {"event": "collective", **asdict(self.collective)}
         return {"event": f"{self.phase}_{self.kind}", "module": self.module, "phase": self.phase}
 
     @classmethod
     def from_json(cls, position: int, raw: Mapping[str, Any]) -> Event:
         module = raw.get("module") or ""
         if raw["event"] == "collective":
-            return cls(position, "collective", module, raw.get("phase") or "", raw["op"], int(raw["bytes"]),
-                       raw.get("seq"))
+            return cls(position, "collective", module, raw.get("phase") or "", _build(Collective, raw))
         phase, _, edge = raw["event"].partition("_")
         return cls(position, edge, module, phase)
 
@@ -183,7 +188,7 @@ class CommSummary:
             "totals": {op: asdict(t) for op, t in self.totals().items()},
             "bytes_per_step": self.bytes_per_step,
             "wire_bytes_per_step_derived": self.wire_bytes_per_step_derived,
-            "timeline": [event.to_json(self.collectives) for event in self.timeline],
+            "timeline": [event.to_json() for event in self.timeline],
         }
 
     @classmethod

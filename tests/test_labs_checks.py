@@ -7,38 +7,47 @@ on another strategy's measurements, or on doctored copies of them.
 
 from __future__ import annotations
 
-import copy
 import json
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
 
 import pytest
 
-from sharding_lab.labs import LABS, evaluate, measure_specs
-from sharding_lab.labs import readings as read
+from sharding_lab.engine.run_labs import measure_configs
+from sharding_lab.labs import LABS, evaluate
 from sharding_lab.labs.comm_labs import PREFETCH_OFF, PREFETCH_ON
 from sharding_lab.labs.gathering_labs import RESHARD_OFF, RESHARD_ON
 from sharding_lab.labs.model_state_labs import scaling_key
+from sharding_lab.measurement import Measurement
+from sharding_lab.run_config import RunConfig
 
 pytestmark = pytest.mark.slow
 WORLD_SIZE = 2
 
 
 @pytest.fixture(scope="module")
-def measured() -> dict:
-    """Every configuration any lab needs, keyed by RunSpec.engine_config."""
-    specs = [spec for lab in LABS.values() for spec in lab.runs(WORLD_SIZE)]
-    results, _ = measure_specs(specs)
+def measured() -> dict[RunConfig, Measurement]:
+    """Every configuration any lab needs, keyed by its RunConfig."""
+    results, _ = measure_configs([spec.config for lab in LABS.values() for spec in lab.runs(WORLD_SIZE)])
     return results
 
 
-def lab_measurements(measured: dict, lab_id: str) -> dict:
-    return {spec.key: measured[spec.engine_config] for spec in LABS[lab_id].runs(WORLD_SIZE)}
+def lab_measurements(measured: dict, lab_id: str) -> dict[str, Measurement]:
+    return {spec.key: measured[spec.config] for spec in LABS[lab_id].runs(WORLD_SIZE)}
 
 
-def other(measured: dict, strategy: str, world_size: int = WORLD_SIZE, **options) -> dict:
+def other(measured: dict, strategy: str, world_size: int = WORLD_SIZE, **options) -> Measurement:
     """The measurement of another configuration: what a lab sees if it measured the wrong thing."""
-    return measured[(strategy, world_size, tuple(sorted(options.items())))]
+    return measured[RunConfig.of(strategy, world_size=world_size, **options)]
+
+
+def as_json(measurements: dict[str, Measurement]) -> dict[str, dict]:
+    """Copies to doctor: the measurements' JSON."""
+    return {key: m.to_json() for key, m in measurements.items()}
+
+
+def from_json(raw: dict[str, dict]) -> dict[str, Measurement]:
+    return {key: Measurement.from_json(m) for key, m in raw.items()}
 
 
 # --- every lab holds ------------------------------------------------------------------------------------
@@ -195,27 +204,28 @@ DOCTORED: dict[str, Callable[[dict], None]] = {
 
 @pytest.mark.parametrize("lab_id", list(LABS))
 def test_check_fails_on_doctored_measurements(measured, lab_id):
-    measurements = copy.deepcopy(lab_measurements(measured, lab_id))
-    assert LABS[lab_id].check(measurements).holds is True, "holds before doctoring"
-    DOCTORED[lab_id](measurements)
-    assert LABS[lab_id].check(measurements).holds is False
+    raw = as_json(lab_measurements(measured, lab_id))
+    assert LABS[lab_id].check(from_json(raw)).holds is True, "holds before doctoring"
+    DOCTORED[lab_id](raw)
+    assert LABS[lab_id].check(from_json(raw)).holds is False
 
 
 def test_doctoring_does_not_leak_into_the_shared_measurements(measured):
     zero3 = other(measured, "zero3")
-    assert (
-        read.part_bytes(zero3, "optimizer")
-        == [read.full_bytes(zero3, "optimizer") // WORLD_SIZE] * WORLD_SIZE
-    )
+    assert zero3.part_bytes("optimizer") == [8 * zero3.num_params // WORLD_SIZE] * WORLD_SIZE
 
 
 def test_prefetch_finding_reports_the_profilers_overlap_when_the_run_has_one(measured):
     # CUDA runs carry the profiler's overlap; CPU runs do not, and the finding says why order is the evidence.
-    measurements = copy.deepcopy(lab_measurements(measured, "prefetch-overlap"))
-    assert "order is the evidence" in LABS["prefetch-overlap"].report(measurements).finding
+    raw = as_json(lab_measurements(measured, "prefetch-overlap"))
+    assert "order is the evidence" in LABS["prefetch-overlap"].report(from_json(raw)).finding
     for key, fraction in ((PREFETCH_ON, 0.75), (PREFETCH_OFF, 0.05)):
-        measurements[key]["overlap"] = {"overlapped_fraction_of_comm": fraction}
-    finding = LABS["prefetch-overlap"].report(measurements).finding
+        raw[key]["config"]["device"] = "cuda:0"
+        raw[key]["overlap"] = {
+            "comm_kernel_us": 100.0, "compute_kernel_us": 400.0, "overlapped_us": 100.0 * fraction,
+            "overlapped_fraction_of_comm": fraction, "overlapped": True,
+        }
+    finding = LABS["prefetch-overlap"].report(from_json(raw)).finding
     assert "75.0% of NCCL kernel time overlap compute with prefetching and 5.0% without" in finding
     assert "gloo" not in finding
 
@@ -226,11 +236,11 @@ PADDED_LABS = ("what-fsdp-shards", "fsdp-is-zero3", "allgather-before-layer", "r
 
 def test_labs_hold_at_three_ranks_where_fsdp_pads_uneven_dims():
     specs = {lab_id: LABS[lab_id].runs(3) for lab_id in PADDED_LABS}
-    measured, _ = measure_specs([spec for lab_specs in specs.values() for spec in lab_specs])
-    zero3 = measured[("zero3", 3, ())]
-    assert read.padded_num_params(zero3) > read.num_params(zero3), "the premise: something is padded"
+    measured, _ = measure_configs([spec.config for lab_specs in specs.values() for spec in lab_specs])
+    zero3 = measured[RunConfig.of("zero3", world_size=3)]
+    assert zero3.padded_num_params > zero3.num_params, "the premise: something is padded"
     for lab_id, lab_specs in specs.items():
-        measurements = {spec.key: measured[spec.engine_config] for spec in lab_specs}
+        measurements = {spec.key: measured[spec.config] for spec in lab_specs}
         verdict = LABS[lab_id].check(measurements)
         assert verdict.holds, f"{lab_id}:\n" + "\n".join(verdict.reasons)
 
@@ -240,7 +250,7 @@ def test_prefetch_overlap_on_two_gpus_reports_the_profilers_overlap():
     torch = pytest.importorskip("torch")
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two CUDA devices (NCCL, one GPU per rank)")
-    from sharding_lab.labs import run_lab
+    from sharding_lab.engine.run_labs import run_lab
 
     run = run_lab("prefetch-overlap", 2, device="cuda")
     assert run["holds"] is True, "\n".join(run["reasons"])

@@ -11,7 +11,6 @@ import pytest
 
 from sharding_lab import cli
 from sharding_lab.catalog import CATALOG
-from sharding_lab.labs import commands
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -68,7 +67,7 @@ def test_run_exits_non_zero_when_a_claim_does_not_hold_and_exports_summaries(mon
     def fake_run_labs(lab_ids, world_size, **_):
         return [_fake_run(lab_id, holds=lab_id != "communication-volume") for lab_id in lab_ids]
 
-    monkeypatch.setattr(commands, "run_labs", fake_run_labs)
+    monkeypatch.setattr("sharding_lab.engine.run_labs.run_labs", fake_run_labs)
     export = tmp_path / "exports" / "lab-results.json"
     assert cli.main(["run", "--all", "--json", "--export", str(export)]) == 1
     runs = json.loads(capsys.readouterr().out)["runs"]
@@ -81,7 +80,7 @@ def test_run_exits_non_zero_when_a_claim_does_not_hold_and_exports_summaries(mon
 
 def test_run_exits_zero_when_every_claim_holds(monkeypatch, capsys):
     monkeypatch.setattr(
-        commands, "run_labs", lambda lab_ids, world_size, **_: [_fake_run(i, True) for i in lab_ids]
+        "sharding_lab.engine.run_labs.run_labs", lambda lab_ids, world_size, **_: [_fake_run(i, True) for i in lab_ids]
     )
     assert cli.main(["run", "what-fsdp-shards"]) == 0
     assert "what-fsdp-shards" in capsys.readouterr().out

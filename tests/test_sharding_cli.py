@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
-from sharding_measurements import measurements
+from sharding_measurements import typed
 
 from sharding_lab import cli
 from sharding_lab.engine.launch import RankFailed
@@ -22,12 +22,7 @@ VENV_BIN = Path(sys.executable).parent
 def test_subcommands_are_registered():
     parser = cli.build_parser()
     commands = parser._subparsers._group_actions[0].choices
-    assert {"measure", "compare"} <= set(commands)
-    try:
-        import sharding_lab.estimate  # noqa: F401
-    except ImportError:
-        return
-    assert "estimate" in commands
+    assert {"measure", "compare", "estimate", "list", "run"} == set(commands)
 
 
 def test_cli_choices_match_the_engine():
@@ -115,8 +110,8 @@ def test_tables_show_measured_beside_predicted():
     from sharding_lab.report import render_comparison, render_measurement
 
     console = Console(record=True, width=200)
-    render_measurement(measurements()["zero3"], console)
-    render_comparison({k: measurements()[k] for k in ("ddp", "zero1", "zero2", "zero3")}, console)
+    render_measurement(typed()["zero3"], console)
+    render_comparison({k: typed()[k] for k in ("ddp", "zero1", "zero2", "zero3")}, console)
     text = console.export_text()
     assert "predicted" in text and "all_gather" in text and "reduce_scatter" in text
     assert "zero1" in text and "step time" in text

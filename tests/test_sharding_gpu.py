@@ -15,10 +15,11 @@ pytestmark = [
 
 def test_measure_on_cuda_with_nccl():
     from sharding_lab.engine.measure import measure_many
+    from sharding_lab.run_config import RunConfig
 
     world_size = min(2, torch.cuda.device_count())
-    runs = [{"strategy": "zero3", "check_gradients": True}, {"strategy": "ddp", "check_gradients": True}]
-    for m in measure_many(runs, world_size, device="cuda", timeout_s=300):
+    runs = [RunConfig.of(s, world_size=world_size, device="cuda", check_gradients=True) for s in ("zero3", "ddp")]
+    for m in (measurement.to_json() for measurement in measure_many(runs, timeout_s=300)):
         assert m["config"]["backend"] == "nccl" and m["config"]["device"].startswith("cuda")
         assert m["gradient_parity"]["holds"], m["gradient_parity"]
         for rank in m["memory"]["per_rank"]:

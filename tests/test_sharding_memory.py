@@ -6,8 +6,10 @@ import pytest
 import torch
 from sharding_measurements import WORLD_SIZE, measurements
 
-from sharding_lab.engine.memory import CATEGORIES, model_state_bytes
+from sharding_lab.engine.memory import model_state_bytes
 from sharding_lab.engine.model import GPT, config_for
+from sharding_lab.measurement import CATEGORIES
+from sharding_lab.run_config import RunConfig
 
 
 def test_model_state_bytes_reads_params_grads_and_adam_state_exactly():
@@ -97,15 +99,14 @@ def test_ddp_parameters_are_always_whole():
 
 @slow
 def test_at_four_ranks_fsdp_holds_a_quarter_of_what_ddp_holds():
-    from sharding_lab.analytic import model_states_bytes_per_rank
     from sharding_lab.engine.measure import measure_many
 
     # vocab 130 rows split 33, 33, 33, 31: the last rank's shard is short, and FSDP pads it.
-    runs = [{"strategy": s, "model_overrides": {"vocab_size": 130}, "timed_steps": 1} for s in ("zero3", "ddp")]
-    zero3, ddp = measure_many(runs, 4, timeout_s=300)
+    runs = [RunConfig.of(s, world_size=4, model_overrides={"vocab_size": 130}, timed_steps=1) for s in ("zero3", "ddp")]
+    zero3, ddp = (m.to_json() for m in measure_many(runs, timeout_s=300))
     psi, padded = zero3["config"]["num_params"], zero3["config"]["padded_num_params"]
-    stage3 = model_states_bytes_per_rank(psi, 4, "zero3", padded_num_params=padded)["total"]
+    assert padded == psi + 2 * 2 * 32  # wte and lm_head: 130 rows padded to 132
+    stage3 = 16 * padded // 4  # fp32 Adam's 16 bytes per element, a quarter of the padded model each
     assert [r["model_states_bytes"] + r["padding_bytes"] for r in zero3["memory"]["per_rank"]] == [stage3] * 4
     assert [r["padding_elements"] for r in zero3["memory"]["per_rank"]] == [0, 0, 0, 2 * 2 * 32]
     assert [r["model_states_bytes"] for r in ddp["memory"]["per_rank"]] == [16 * psi] * 4
-    assert stage3 * 4 == 16 * padded

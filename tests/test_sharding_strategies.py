@@ -3,11 +3,13 @@ the ZeRO paper's model, and the gradient it computes against one process on the 
 
 from __future__ import annotations
 
-import pytest
-from sharding_measurements import WORLD_SIZE, measurements
+import math
 
-from sharding_lab import analytic
-from sharding_lab.engine.parallelize import STRATEGIES, canonical_strategy, describe
+import pytest
+from sharding_measurements import WORLD_SIZE, measurements, typed
+
+from sharding_lab.measurement import Measurement
+from sharding_lab.strategies import STRATEGIES, Strategy
 
 pytestmark = pytest.mark.slow
 
@@ -24,13 +26,13 @@ def ops_used(m: dict) -> set[str]:
 
 def test_unknown_strategy_names_the_valid_ones():
     with pytest.raises(ValueError, match="ddp, zero1, zero2, zero3, fsdp"):
-        canonical_strategy("zero4")
-    assert canonical_strategy("fsdp") == "zero3"
+        Strategy.parse("zero4")
+    assert Strategy.parse("fsdp") is Strategy.ZERO3
 
 
 def test_descriptions_say_how_each_differs_from_the_paper():
-    assert "broadcasts" in describe("zero1") and "all-reduces" in describe("zero1")
-    assert "DeepSpeed" in describe("zero2")
+    assert "broadcasts" in Strategy.ZERO1.description and "all-reduces" in Strategy.ZERO1.description
+    assert "DeepSpeed" in Strategy.ZERO2.description
     assert set(STRATEGIES) == {"ddp", "zero1", "zero2", "zero3"}
 
 
@@ -103,48 +105,76 @@ def test_gradient_parity_catches_a_sum_instead_of_a_mean():
     assert parity["max_relative_error"] == pytest.approx(WORLD_SIZE - 1, rel=1e-4)
 
 
-def predicted(m: dict, strategy: str, *, padded: bool = False) -> dict:
-    c = m["config"]
-    return analytic.model_states_bytes_per_rank(
-        c["num_params"], c["world_size"], strategy, padded_num_params=c["padded_num_params"] if padded else None
-    )
+# Expected model-state bytes, worked out here from the tiny model's parameter shapes rather than by
+# sharding_lab.analytic: fp32 Adam is 4 + 4 + 8 bytes per element; a sharded parameter's rank holds
+# ceil(dim0 / N) rows of it (FSDP2 pads dim 0 up to a multiple of N).
+BYTES_PER_ELEMENT = {"params": 4, "grads": 4, "optimizer": 8}
+
+
+def tiny_shapes(vocab: int = 128, width: int = 32, blocks: int = N_BLOCKS, context: int = 32) -> list[tuple[int, ...]]:
+    """GPT's parameter shapes (nanoGPT layout, biases, untied head), written out by hand."""
+    per_block = [(width,), (width,), (3 * width, width), (3 * width,), (width, width), (width,),
+                 (width,), (width,), (4 * width, width), (4 * width,), (width, 4 * width), (width,)]
+    return [(vocab, width), (context, width), *per_block * blocks, (width,), (width,), (vocab, width)]
+
+
+def elements(shapes, world_size: int = 1, *, sharded: bool = False) -> int:
+    if not sharded:
+        return sum(math.prod(shape) for shape in shapes)
+    return sum(-(-shape[0] // world_size) * math.prod(shape[1:]) for shape in shapes)
+
+
+def expected(shapes, sharded_parts: set[str]) -> dict[str, int]:
+    result = {
+        name: size * elements(shapes, WORLD_SIZE, sharded=name in sharded_parts)
+        for name, size in BYTES_PER_ELEMENT.items()
+    }
+    result["total"] = sum(result.values())
+    return result
 
 
 def part(m: dict, name: str) -> list[int]:
     return [rank[f"{name}_bytes"] for rank in m["memory"]["per_rank"]]
 
 
+def test_the_hand_written_shapes_are_the_tiny_model():
+    assert measurements()["ddp"]["config"]["num_params"] == elements(tiny_shapes()) == 60_096
+
+
 def test_ddp_model_states_equal_the_unsharded_prediction_exactly():
     m = measurements()["ddp"]
-    expected = predicted(m, "ddp")
+    full = expected(tiny_shapes(), set())
+    assert full["total"] == 16 * 60_096
     for name in ("params", "grads", "optimizer"):
-        assert part(m, name) == [expected[name]] * WORLD_SIZE
+        assert part(m, name) == [full[name]] * WORLD_SIZE
 
 
 def test_zero3_model_states_equal_stage_3_exactly():
     m = measurements()["zero3"]
-    expected = predicted(m, "zero3", padded=True)
+    stage3 = expected(tiny_shapes(), {"params", "grads", "optimizer"})
+    assert stage3["total"] == 16 * 60_096 // 2  # every dim 0 of tiny splits evenly in two
     for name in ("params", "grads", "optimizer"):
-        assert part(m, name) == [expected[name]] * WORLD_SIZE
-    assert m["predicted"]["model_states_bytes_per_rank"] == expected
+        assert part(m, name) == [stage3[name]] * WORLD_SIZE
+    assert m["predicted"]["model_states_bytes_per_rank"] == stage3
 
 
 def test_padding_accounts_for_the_difference_from_the_padded_prediction():
     m = measurements()["zero3 padded"]
     config = m["config"]
     assert config["padded_num_params"] == config["num_params"] + 2 * 32  # one row each for wte, lm_head
-    expected = predicted(m, "zero3", padded=True)
+    padded = expected(tiny_shapes(vocab=129), {"params", "grads", "optimizer"})
+    assert padded["total"] == 16 * (60_096 + 2 * 32 + 2 * 32) // 2  # 129 rows -> 65 per rank, twice
     rank0, rank1 = m["memory"]["per_rank"]
     assert rank0["padding_elements"] == 0  # torch.chunk gives rank 0 a full ceil(dim0/N) shard
-    assert rank0["model_states_bytes"] == expected["total"]
+    assert rank0["model_states_bytes"] == padded["total"]
     assert rank1["padding_elements"] == 2 * 32  # one 32-wide row short in each of wte and lm_head
-    assert rank1["model_states_bytes"] + rank1["padding_bytes"] == expected["total"]
+    assert rank1["model_states_bytes"] + rank1["padding_bytes"] == padded["total"]
 
 
 def test_zero2_shards_gradients_and_optimizer_like_stage_2_and_parameters_between_steps_too():
     m = measurements()["zero2"]
-    stage2 = predicted(m, "zero2", padded=True)
-    stage3 = predicted(m, "zero3", padded=True)
+    stage2 = expected(tiny_shapes(), {"grads", "optimizer"})
+    stage3 = expected(tiny_shapes(), {"params", "grads", "optimizer"})
     assert part(m, "grads") == [stage2["grads"]] * WORLD_SIZE
     assert part(m, "optimizer") == [stage2["optimizer"]] * WORLD_SIZE
     # Unlike DeepSpeed's ZeRO-2, FSDP2 keeps only a parameter shard between steps.
@@ -154,9 +184,9 @@ def test_zero2_shards_gradients_and_optimizer_like_stage_2_and_parameters_betwee
 
 def test_zero1_shards_only_the_optimizer_whole_tensors_at_a_time():
     m = measurements()["zero1"]
-    expected = predicted(m, "zero1")
-    assert part(m, "params") == [expected["params"]] * WORLD_SIZE
-    assert part(m, "grads") == [expected["grads"]] * WORLD_SIZE
+    full = expected(tiny_shapes(), set())
+    assert part(m, "params") == [full["params"]] * WORLD_SIZE
+    assert part(m, "grads") == [full["grads"]] * WORLD_SIZE
     psi = m["config"]["num_params"]
     assert sum(part(m, "optimizer")) == 8 * psi  # every parameter's Adam state lives on exactly one rank
     largest_tensor = m["config"]["model"]["vocab_size"] * m["config"]["model"]["n_embd"]
@@ -187,3 +217,45 @@ def plain_values(obj, path="m") -> list[str]:
 def test_measurements_are_plain_json_values():
     for key, m in measurements().items():
         assert plain_values(m) == [], key
+
+
+def test_a_measurement_reads_back_from_its_json_unchanged():
+    for key, m in typed().items():
+        assert Measurement.from_json(m.to_json()) == m, key
+
+
+# The JSON contract: the keys the web app, the exports, the README and these tests read. Written out
+# here, so a change to the measurement types that drops or renames one fails.
+CONTRACT = {
+    "": {"config", "memory", "comm", "predicted", "step_time_s", "loss"},
+    "config": {"strategy", "world_size", "size", "backend", "device", "torch_version", "prefetch",
+               "mixed_precision", "reshard_after_forward", "num_params", "padded_num_params", "n_blocks",
+               "model", "seq_len", "batch_size_per_rank", "warmup_steps", "timed_steps", "seed"},
+    "memory.per_rank[]": {"rank", "params_bytes", "grads_bytes", "optimizer_bytes", "model_states_bytes",
+                          "optimizer_scalar_bytes", "padding_elements", "padding_bytes", "peak_bytes",
+                          "persistent_bytes", "categories", "category_peaks", "unsharded_params_peak_bytes",
+                          "unsharded_params_after_forward_bytes", "cuda_max_memory_allocated"},
+    "comm": {"collectives", "totals", "bytes_per_step", "wire_bytes_per_step_derived", "timeline"},
+    "comm.collectives[]": {"seq", "op", "phase", "module", "prefetch", "bytes", "wire_bytes_derived", "dtype"},
+    "comm.totals.*": {"count", "bytes", "wire_bytes_derived"},
+    "predicted": {"model_states_bytes_per_rank", "communication_bytes_per_step", "accounting", "differences"},
+    "gradient_parity": {"max_relative_error", "worst_parameter", "tolerance", "holds", "global_batch_size",
+                        "reference_loss"},
+}
+
+
+def test_the_json_keeps_the_keys_its_readers_use():
+    m = measurements()["zero3"]
+    assert set(m) - {"gradient_parity"} == CONTRACT[""]
+    assert set(m["config"]) == CONTRACT["config"]
+    assert all(set(rank) == CONTRACT["memory.per_rank[]"] for rank in m["memory"]["per_rank"])
+    assert set(m["comm"]) == CONTRACT["comm"]
+    assert all(set(c) == CONTRACT["comm.collectives[]"] for c in m["comm"]["collectives"])
+    assert set(m["comm"]["totals"]) == {"all_gather", "reduce_scatter", "all_reduce", "broadcast"}
+    assert all(set(t) == CONTRACT["comm.totals.*"] for t in m["comm"]["totals"].values())
+    assert set(m["predicted"]) == CONTRACT["predicted"]
+    assert set(m["gradient_parity"]) == CONTRACT["gradient_parity"]
+    events = m["comm"]["timeline"]
+    assert {e["event"] for e in events} >= {"collective", "forward_start", "forward_end", "backward_start", "backward_end"}
+    assert all(set(e) == {"event", *CONTRACT["comm.collectives[]"]} for e in events if e["event"] == "collective")
+    assert all(set(e) == {"event", "module", "phase"} for e in events if e["event"] != "collective")

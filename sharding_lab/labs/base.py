@@ -28,6 +28,16 @@ class RunSpec:
     key: str  # e.g. "zero3" or "zero3, N=4"
     config: RunConfig  # hashable: labs that need the same configuration share one measurement
 
+    def to_json(self) -> dict:
+        """How a run is listed: its key, strategy, world size and the options that differ from the defaults."""
+        config = self.config
+        return {
+            "key": self.key,
+            "strategy": str(config.strategy),
+            "world_size": config.world_size,
+            "options": config.changed_options(),
+        }
+
 
 @dataclass(frozen=True)
 class Verdict:

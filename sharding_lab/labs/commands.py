@@ -65,15 +65,7 @@ def run_list(args: argparse.Namespace) -> int:
             "questions": list(lab.info.questions),
             "command": lab.info.command,
             # What `run` measures at the default 2 ranks: one engine configuration per entry.
-            "runs": [
-                {
-                    "key": spec.key,
-                    "strategy": spec.strategy,
-                    "world_size": spec.world_size,
-                    "options": dict(spec.options),
-                }
-                for spec in lab.runs(2)
-            ],
+            "runs": [spec.to_json() for spec in lab.runs(2)],
         }
         for lab in LABS.values()
     ]

@@ -57,15 +57,7 @@ def evaluate(
             "strategies": strategies,
             "world_size": world_size,
             "world_sizes": sorted({spec.config.world_size for spec in specs}),
-            "runs": [
-                {
-                    "key": s.key,
-                    "strategy": str(s.config.strategy),
-                    "world_size": s.config.world_size,
-                    "options": s.config.changed_options(),
-                }
-                for s in specs
-            ],
+            "runs": [spec.to_json() for spec in specs],
             "size": first.size,
             "backend": first.backend,
             "device": first.device,
