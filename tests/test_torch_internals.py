@@ -1,0 +1,46 @@
+"""Every private torch name the engine uses resolves in this torch, and a missing one fails loudly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sharding_lab.engine import _torch_internals as internals
+
+
+@pytest.mark.parametrize("name", list(internals.ACCESSORS))
+def test_each_accessor_resolves_in_this_torch(name):
+    assert internals.ACCESSORS[name]() is not None
+
+
+def test_this_torch_is_one_the_engine_supports():
+    assert internals.torch_version() >= internals.MINIMUM_TORCH
+
+
+def test_a_missing_internal_names_the_torch_version_and_the_feature_lost(monkeypatch):
+    from torch.nn.parallel import distributed
+
+    monkeypatch.delattr(distributed, "_MixedPrecision")
+    with pytest.raises(internals.TorchInternalMissing) as error:
+        internals.ddp_mixed_precision(torch.bfloat16, torch.float32)
+    message = str(error.value)
+    assert torch.__version__ in message and "DDP with mixed precision" in message
+    assert "_MixedPrecision" in message
+
+
+def test_a_missing_attribute_on_an_object_fails_the_same_way():
+    class NotAGroup:
+        pass
+
+    with pytest.raises(internals.TorchInternalMissing, match="NotAGroup._module_fqn"):
+        internals.fsdp_group_module_name(NotAGroup())
+
+
+def test_the_category_peak_tracker_keeps_each_categorys_maximum():
+    tracker = internals.with_category_peaks(internals.mem_tracker_class())()
+    with tracker:
+        big = torch.empty(1024, 1024)  # 4 MiB, freed before the end
+        del big
+        torch.empty(16)
+    peaks = tracker.__dict__["category_peaks"][torch.device("cpu")]
+    assert max(peaks.values()) >= 4 * 1024 * 1024
