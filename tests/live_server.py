@@ -219,3 +219,21 @@ def record_figures(basetemp: Path, name: str, figures: dict) -> None:
         f"{name}: the figures' keys differ from {COMMITTED_FIGURES}'s: refresh it from this run "
         f"(scripts/reliability-table --collect {basetemp}) and run `make reliability-table`"
     )
+
+
+def at_once(*jobs) -> list:
+    """Run the jobs in threads started together; their results in order."""
+    results: list = [None] * len(jobs)
+    barrier = threading.Barrier(len(jobs))
+
+    def run(index, job):
+        barrier.wait()
+        results[index] = job()
+
+    threads = [threading.Thread(target=run, args=(i, job)) for i, job in enumerate(jobs)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not [t for t in threads if t.is_alive()], "a request hung"
+    return results

@@ -4,11 +4,9 @@ exactly one review."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 from db_checks import assert_cards_replay
-from live_server import Client, Traffic
+from live_server import Client, Traffic, at_once
 from sqlmodel import Session, select
 
 from studyapp.db import get_engine
@@ -20,24 +18,6 @@ pytestmark = pytest.mark.slow  # a real HTTP server and racing threads
 def cards(app) -> list[Card]:
     with Session(get_engine(app)) as session:
         return session.exec(select(Card).order_by(Card.position)).all()
-
-
-def run_all(jobs) -> list:
-    """Run the jobs in threads started together; their results, in the jobs' order."""
-    results: list = [None] * len(jobs)
-    barrier = threading.Barrier(len(jobs))
-
-    def run(index, job):
-        barrier.wait()
-        results[index] = job()
-
-    threads = [threading.Thread(target=run, args=(i, job)) for i, job in enumerate(jobs)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    assert not [t for t in threads if t.is_alive()], "a request hung"
-    return results
 
 
 def assert_consistent(app) -> None:
@@ -54,7 +34,7 @@ def test_the_same_review_from_many_clients_counts_once(app, live_server):
     browser = Client(live_server, Traffic())  # one session cookie and its CSRF token
     first = cards(app)[0]
     form = {"card_id": first.id, "version": first.version, "choice": first.answer, "quality": 5}
-    statuses = run_all([lambda: browser.request("POST", "/study/grade", form)[0]] * 8)
+    statuses = at_once(*[lambda: browser.request("POST", "/study/grade", form)[0]] * 8)
     assert statuses == [302] * 8
     with Session(get_engine(app)) as session:
         assert len(session.exec(select(ReviewLog)).all()) == 1
@@ -68,7 +48,7 @@ def test_grades_and_undos_racing_keep_every_card_in_step_with_its_log(app, live_
         form = {"card_id": card.id, "version": card.version, "choice": card.answer, "quality": 4}
         jobs.append(lambda form=form: browser.request("POST", "/study/grade", form))
         jobs.append(lambda: browser.request("POST", "/study/undo", {}))
-    responses = run_all(jobs)
+    responses = at_once(*jobs)
     assert all(status in (302, 409) for status, _, _ in responses), [r[0] for r in responses]
     grades, undos = responses[0::2], responses[1::2]
     assert all(status == 302 for status, _, _ in grades)  # a first grade per card never conflicts

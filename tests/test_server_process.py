@@ -15,7 +15,16 @@ from dataclasses import dataclass, field
 
 import pytest
 from db_checks import assert_cards_replay, assert_sqlite_intact
-from live_server import Client, ServerProcess, Traffic, record_figures, shown_form, wait_for, write_load_bank
+from live_server import (
+    Client,
+    ServerProcess,
+    Traffic,
+    at_once,
+    record_figures,
+    shown_form,
+    wait_for,
+    write_load_bank,
+)
 from sqlmodel import Session, select
 
 from studyapp.db import make_engine
@@ -46,23 +55,6 @@ class Ledger:
                 self.acknowledged.add(f"card{form['card_id']}-v{form['version']}")
             elif status == 409:
                 self.conflicts += 1
-
-
-def at_once(*jobs) -> list:
-    """Run the jobs in threads started together; their results in order."""
-    results: list = [None] * len(jobs)
-    barrier = threading.Barrier(len(jobs))
-
-    def run(index, job):
-        barrier.wait()
-        results[index] = job()
-
-    threads = [threading.Thread(target=run, args=(i, job)) for i, job in enumerate(jobs)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    return results
 
 
 def run_learners(learner, count: int, timeout: float, while_running=None) -> None:
