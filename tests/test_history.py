@@ -266,6 +266,36 @@ def test_a_malformed_history_file_is_refused_and_nothing_is_written(app, runner,
         assert table_rows(get_engine(app)) == before, kind
 
 
+def test_a_history_missing_a_same_day_repeat_is_refused(app, runner, tmp_path, good_exports):
+    """A repeat changes no SM-2 state, only the repeat day: without it the next review starts from
+    a repeat day its predecessor did not leave. The refusal names that row and writes nothing."""
+    rows = list(csv.reader(io.StringIO(good_exports["csv"])))
+    header = rows[0]
+    column = {name: header.index(name) for name in ("question_id", "undone", "is_repeat", "before_repeat_day")}
+    live = [row for row in rows[1:] if row[column["undone"]] == "false"]
+    repeat, following = next(
+        (row, later)
+        for index, row in enumerate(live)
+        if row[column["is_repeat"]] == "true"
+        for later in [next((r for r in live[index + 1 :] if r[column["question_id"]] == row[column["question_id"]]), None)]
+        if later is not None
+    )
+    assert following[column["before_repeat_day"]] == ""  # the repeat (graded 4 or 5) cleared the repeat day
+    rows.remove(repeat)
+    damaged = tmp_path / "missing-repeat.csv"
+    with damaged.open("w", newline="", encoding="utf-8") as out:
+        csv.writer(out, lineterminator="\n").writerows(rows)
+    before = table_rows(get_engine(app))
+
+    result = runner.invoke(args=["import-history", str(damaged)])
+
+    assert result.exit_code == 1 and "nothing was imported" in result.output, result.output
+    line = rows.index(following) + 1
+    assert f"{damaged}:{line}: fields 'before_*' (before_repeat_day, before_last_reviewed_at): card {repeat[column['question_id']]}" in result.output
+    assert "(a review is missing?)" in result.output, result.output
+    assert table_rows(get_engine(app)) == before
+
+
 def test_a_review_id_already_used_for_another_review_is_refused(studied, runner, tmp_path):
     text = runner.invoke(args=["export-history"]).output
     other = csv_edit("reviewed_at", "2020-01-01T00:00:00+00:00")(text)

@@ -17,6 +17,7 @@ from datetime import date, datetime, timezone
 from typing import Any
 
 from studyapp import sm2
+from studyapp.study import Schedule, schedule_after
 
 FORMAT_NAME = "studyapp-review-history"
 FORMAT_VERSION = 1
@@ -63,6 +64,9 @@ FIELDS = (
 )
 FIELD_NAMES = tuple(f.name for f in FIELDS)
 LOG_COLUMNS = [f.name for f in FIELDS if f.name not in {"question_id", "deck_id", "choice_text", "undone"}]
+# What a review moves, each as a before_* and an after_* column (study.Schedule's fields, in its order);
+# the card also keeps its last review time, which each row's before_last_reviewed_at records.
+SCHEDULE_FIELDS = ("repetitions", "easiness", "interval", "due_day", "repeat_day")
 
 
 class HistoryError(ValueError):
@@ -260,14 +264,30 @@ def _record_problems(values: dict[str, Any]) -> list[str]:
         problems.append(f"field 'quality': {problem}")
     if values["undone"] != (values["undone_at"] is not None):
         problems.append("field 'undone_at': must be set exactly when 'undone' is true")
-    before = sm2.SM2State(values["before_repetitions"], values["before_easiness"], values["before_interval"])
-    after = sm2.SM2State(values["after_repetitions"], values["after_easiness"], values["after_interval"])
+    before, after = schedule_of(values, "before"), schedule_of(values, "after")
+    if values["is_repeat"] != (before.repeat_day == values["study_day"]):
+        problems.append("field 'is_repeat': must be true exactly when 'before_repeat_day' is the review's 'study_day' "
+                        "(a step-7 same-day repeat)")
+    if values["was_new"] != (before.due_day is None and not values["is_repeat"]):
+        problems.append("field 'was_new': must be true exactly when 'before_due_day' is empty and the review is not a repeat")
     if not problems:
-        # A step-7 repeat changes no schedule; any other grade moves it by SM-2.
-        expected = before if values["is_repeat"] else sm2.review(before, values["quality"])
+        # A step-7 repeat changes no SM-2 state; any other grade moves it by SM-2 and sets the due day.
+        expected = schedule_after(before, values["quality"], values["is_repeat"], values["study_day"])
         if after != expected:
-            problems.append(f"fields 'after_*': quality {values['quality']} from {before} leads to {expected} "
-                            f"under SM-2, not {after}")
+            problems.append(f"fields 'after_*': quality {values['quality']} on {values['study_day']} from "
+                            f"{describe_schedule(before)} leads to {describe_schedule(expected)}, not {describe_schedule(after)}")
     return problems
 
+
+def schedule_of(values: dict[str, Any], side: str) -> Schedule:
+    """The schedule a row holds on one side ("before" or "after") of its review."""
+    return Schedule(*(values[f"{side}_{name}"] for name in SCHEDULE_FIELDS))
+
+
+def describe_schedule(schedule: Schedule) -> str:
+    return ", ".join(f"{name} {shown(getattr(schedule, name))}" for name in SCHEDULE_FIELDS)
+
+
+def shown(value: Any) -> str:
+    return "(none)" if value is None else str(_to_text(value))
 

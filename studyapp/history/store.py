@@ -8,16 +8,28 @@ every card's schedule equals the replay of its log, as after a review.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from studyapp import sm2
-from studyapp.history.format import FIELD_NAMES, LOG_COLUMNS, SUBMISSION_ID, HistoryError, Record
+from studyapp.history.format import (
+    FIELD_NAMES,
+    LOG_COLUMNS,
+    SCHEDULE_FIELDS,
+    SUBMISSION_ID,
+    HistoryError,
+    Record,
+    describe_schedule,
+    schedule_of,
+    shown,
+)
 from studyapp.models import Card, ReviewLog
-from studyapp.study import replayed_schedule
+from studyapp.study import Schedule, schedule_after
 
 # --- Export -----------------------------------------------------------------------------
 
@@ -88,7 +100,7 @@ def _import(session: Session, records: list[Record]) -> ImportReport:
                             "which the file lacks; import into an empty database or the one the file came from")
             touched.pop(log.card_id)
     if not problems:
-        problems.extend(_chain_problems(records))
+        problems.extend(_chain_problems((record.where, record.values) for record in records))
     if problems:
         raise HistoryError(problems)
 
@@ -99,31 +111,59 @@ def _import(session: Session, records: list[Record]) -> ImportReport:
     _bump_versions(session, in_file, touched)
     for card in touched.values():
         _restore_schedule(session, card)
-    mismatched = [card.question_id for card in touched.values() if card.state != replayed_schedule(session, card.id)]
-    if mismatched:
-        raise HistoryError([f"card {qid}: its reviews' schedules do not replay through SM-2 to the last one "
-                            "(the file was edited?)" for qid in mismatched])
+    session.flush()
+    session.expire_all()  # what follows reads back what the database now holds
+    if problems := _stored_problems(session, touched):
+        raise HistoryError(problems)
     session.commit()
     return ImportReport(len(new_rows), len(records) - len(new_rows), len(touched))
 
 
-def _chain_problems(records: list[Record]) -> list[str]:
-    """Each card's live reviews must follow on: each starts from the schedule the one before left
-    (a new card's from SM-2's start). A gap means a review is missing from the file."""
+# A card never reviewed: its schedule, and no last review time.
+NEW_CARD_SCHEDULE = (Schedule(sm2.NEW_CARD.repetitions, sm2.NEW_CARD.easiness, sm2.NEW_CARD.interval, None, None), None)
+
+
+def _chain_problems(reviews: Iterable[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Each card's live reviews must follow on: each starts from the whole schedule the one before
+    left (repetitions, easiness, interval, due day, repeat day) and from its review time; a card's
+    first from a new card's. A gap (such as a dropped same-day repeat) means a review is missing."""
     problems = []
-    left: dict[str, sm2.SM2State] = {}
-    for record in records:
-        values = record.values
+    left: dict[str, tuple[Schedule, datetime | None]] = {}
+    for where, values in reviews:
         if values["undone"]:
             continue
-        before = sm2.SM2State(values["before_repetitions"], values["before_easiness"], values["before_interval"])
-        expected = left.get(values["question_id"], sm2.NEW_CARD)
+        question = values["question_id"]
+        schedule, last_reviewed_at = expected = left.get(question, NEW_CARD_SCHEDULE)
+        before = (schedule_of(values, "before"), values["before_last_reviewed_at"])
         if before != expected:
-            problems.append(f"{record.where}: fields 'before_*': card {values['question_id']}'s previous review left "
-                            f"{expected}, but this one starts from {before} (a review is missing?)")
-        left[values["question_id"]] = sm2.SM2State(
-            values["after_repetitions"], values["after_easiness"], values["after_interval"]
-        )
+            wrong = [f"before_{name}" for name in SCHEDULE_FIELDS if getattr(before[0], name) != getattr(schedule, name)]
+            wrong += ["before_last_reviewed_at"] if before[1] != last_reviewed_at else []
+            problems.append(f"{where}: fields 'before_*' ({', '.join(wrong)}): card {question}'s previous review left "
+                            f"{describe_schedule(schedule)}, last reviewed {shown(last_reviewed_at)}, but this one "
+                            f"starts from {describe_schedule(before[0])}, last reviewed {shown(before[1])} "
+                            "(a review is missing?)")
+        left[question] = (schedule_of(values, "after"), values["reviewed_at"])
+    return problems
+
+
+def _stored_problems(session: Session, touched: dict[int, Card]) -> list[str]:
+    """The import's result, read back: each touched card's live log, in the database's order,
+    chains and replays through SM-2 (grade by grade from a new card) to the card's whole schedule."""
+    problems = []
+    for card in touched.values():
+        logs = session.exec(select(ReviewLog).where(ReviewLog.card_id == card.id, ReviewLog.undone_at.is_(None))
+                            .order_by(ReviewLog.id)).all()
+        rows = [(f"card {card.question_id}: review {log.submission_id}",
+                 {**{name: getattr(log, name) for name in LOG_COLUMNS}, "question_id": card.question_id, "undone": False})
+                for log in logs]
+        problems.extend(_chain_problems(rows))
+        replayed, last_reviewed_at = NEW_CARD_SCHEDULE
+        for log in logs:
+            replayed, last_reviewed_at = schedule_after(replayed, log.quality, log.is_repeat, log.study_day), log.reviewed_at
+        if (Schedule.of(card), card.last_reviewed_at) != (replayed, last_reviewed_at):
+            problems.append(f"card {card.question_id}: its reviews replay through SM-2 to {describe_schedule(replayed)}, "
+                            f"last reviewed {shown(last_reviewed_at)}, not to the last review's "
+                            f"{describe_schedule(Schedule.of(card))} (the file was edited?)")
     return problems
 
 
