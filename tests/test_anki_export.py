@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from unittest.mock import ANY
 
 import genanki
 import pytest
@@ -14,6 +17,7 @@ from anki import import_export_pb2
 from anki.collection import Collection, ImportAnkiPackageOptions, ImportAnkiPackageRequest
 
 import studyapp.anki.note_type as anki_note_type
+from sharding_lab.catalog import lab_info
 from studyapp.anki import (
     ALL_DECKS_FILE,
     DEFAULT_EXPORTS_DIR,
@@ -133,21 +137,48 @@ def test_every_question_is_a_note_with_the_expected_fields(tmp_path, collection)
     assert len(notes) == len(questions) == 5
     for question in questions:
         note = notes[guid(question.id)]
-        expected = render_note(question, LAB_RESULT if question.lab == "what-fsdp-shards" else None)
-        assert tuple(note["fields"].values()) == expected.fields
-        assert note["tags"] == set(expected.tags) == {question.deck_id, *question.tags, question.lab}
+        assert (note["fields"]["Question"], note["fields"]["QuestionId"]) == (question.prompt, question.id)
         assert note["mod"] == T0
         assert note["mid"] == NOTE_TYPE_ID
-    first = notes[guid("fsdp-q1")]
-    assert first["deck"] == "Sharding study::Fully Sharded Data Parallel"
-    assert first["fields"]["Question"] == "FSDP question 1?"
-    assert first["fields"]["Answer"] == "Right answer to fsdp-q1"
-    assert first["fields"]["AnswerNumber"] == "1"
-    assert first["fields"]["Explanation"] == "Why the answer to fsdp-q1 is right.<br>A second line."
-    assert "Wrong answer to fsdp-q1</i>: Why fsdp-q1's distractor is wrong." in first["fields"]["WhyWrong"]
-    assert "Right answer" not in first["fields"]["WhyWrong"]
-    assert first["fields"]["LabTitle"] == "What FSDP shards that DDP replicates"
-    assert first["fields"]["LabCommand"] == "sharding-lab run what-fsdp-shards"
+    # Two notes as Anki stores them, written out by hand: a lab with a result, and one without.
+    assert notes[guid("fsdp-q1")]["fields"] == {
+        "Question": "FSDP question 1?",
+        "Choices": '<ol class="mc-choices"><li data-choice="1">Right answer to fsdp-q1</li>'
+                   '<li data-choice="2">Wrong answer to fsdp-q1</li><li data-choice="3">Another wrong answer to fsdp-q1</li></ol>',
+        "Answer": "Right answer to fsdp-q1",
+        "AnswerNumber": "1",
+        "Explanation": "Why the answer to fsdp-q1 is right.<br>A second line.",
+        "WhyWrong": '<ul class="mc-why-wrong"><li data-choice="2"><i>Wrong answer to fsdp-q1</i>: Why fsdp-q1\'s distractor is wrong.</li>'
+                    '<li data-choice="3"><i>Another wrong answer to fsdp-q1</i>: Because it moves no data.</li></ul>',
+        "LabTitle": "What FSDP shards that DDP replicates",
+        "LabClaim": "Under DDP every rank holds full parameters, gradients and optimizer state; "
+                    "under FSDP each rank holds about 1/N of each.",
+        "LabCommand": "sharding-lab run what-fsdp-shards",
+        "LabResult": '<p class="mc-lab-finding"><b>The claim held.</b> optimizer state is 2.00x the parameter bytes per '
+                     'rank under DDP and 0.50x under FSDP at 2 ranks</p>'
+                     '<p class="mc-lab-where">Measured on cpu, world size 2, gloo backend, torch 2.13.0, strategy fsdp.</p>',
+        "QuestionId": "fsdp-q1",
+    }
+    assert notes[guid("fsdp-q1")]["tags"] == {"fsdp", "memory", "what-fsdp-shards"}
+    assert notes[guid("fsdp-q1")]["deck"] == "Sharding study::Fully Sharded Data Parallel"
+    assert notes[guid("zero-q1")]["fields"] == {
+        "Question": "ZeRO question 1?",
+        "Choices": '<ol class="mc-choices"><li data-choice="1">Right answer to zero-q1</li>'
+                   '<li data-choice="2">Wrong answer to zero-q1</li><li data-choice="3">Another wrong answer to zero-q1</li></ol>',
+        "Answer": "Right answer to zero-q1",
+        "AnswerNumber": "1",
+        "Explanation": "Why the answer to zero-q1 is right.<br>A second line.",
+        "WhyWrong": '<ul class="mc-why-wrong"><li data-choice="2"><i>Wrong answer to zero-q1</i>: Why zero-q1\'s distractor is wrong.</li>'
+                    '<li data-choice="3"><i>Another wrong answer to zero-q1</i>: Because it moves no data.</li></ul>',
+        "LabTitle": "Adam's optimizer state against the model",
+        "LabClaim": "Adam keeps two fp32 values per parameter, 2x the fp32 parameter bytes "
+                    "(12 bytes per parameter with mixed precision).",
+        "LabCommand": "sharding-lab run adam-optimizer-state",
+        "LabResult": '<p class="mc-lab-pending">Not run yet: run the command above (or "Run this lab" in the study app) '
+                     "to measure it.</p>",
+        "QuestionId": "zero-q1",
+    }
+    assert notes[guid("zero-q1")]["tags"] == {"zero", "optimizer", "adam-optimizer-state"}  # the deck's id once
     assert notes[guid("zero-q2")]["deck"] == "Sharding study::ZeRO and Sharded Optimizers"
     assert {d.name for d in collection.decks.all_names_and_ids()} >= {
         "Sharding study",
@@ -406,10 +437,40 @@ def test_committed_exports_import_into_anki_with_every_bank_question(collection)
     assert len(notes) == len(questions)
     for deck in decks:
         for question in deck.questions:
-            note = notes[guid(question.id)]
-            assert tuple(note["fields"].values()) == render_note(question, lab_results.get(question.lab)).fields
+            note, fields = notes[guid(question.id)], notes[guid(question.id)]["fields"]
             assert note["deck"] == f"Sharding study::{deck.title}"
-            assert note["fields"]["LabCommand"] == f"sharding-lab run {question.lab}"
+            assert note["tags"] == {deck.id, *question.tags, question.lab}
+            # Read back out of Anki's HTML, every field says what the bank says.
+            assert plain(fields["Question"]) == question.prompt and fields["QuestionId"] == question.id
+            listed = re.findall(r'<li data-choice="(\d+)">(.*?)</li>', fields["Choices"])
+            assert listed == [(str(n), ANY) for n in range(1, len(question.choices) + 1)]
+            assert [plain(text) for _, text in listed] == list(question.choices)
+            assert plain(fields["Answer"]) == question.choices[question.answer]
+            assert fields["AnswerNumber"] == str(question.answer + 1)
+            assert plain(fields["Explanation"]) == question.explanation
+            reasons = re.findall(r'<li data-choice="(\d+)"><i>(.*?)</i>: (.*?)</li>', fields["WhyWrong"])
+            assert [(int(n), plain(choice), plain(reason)) for n, choice, reason in reasons] == [
+                (n, choice, reason)
+                for n, (choice, reason) in enumerate(zip(question.choices, question.why_wrong, strict=True), 1)
+                if n - 1 != question.answer
+            ]
+            lab = lab_info(question.lab)
+            assert (plain(fields["LabTitle"]), plain(fields["LabClaim"])) == (lab.title, lab.claim)
+            assert fields["LabCommand"] == f"sharding-lab run {question.lab}"
+            result = lab_results.get(question.lab)
+            if result is None:
+                assert "Not run yet" in fields["LabResult"]
+            else:
+                verdict = {True: "The claim held.", False: "The claim did not hold."}[result["holds"]]
+                finding = re.match(r'<p class="mc-lab-finding"><b>(.*?)</b> (.*?)</p>', fields["LabResult"])
+                assert finding and (finding[1], plain(finding[2])) == (verdict, result["finding"]), fields["LabResult"]
+
+
+def plain(field: str) -> str:
+    """A field's HTML back to the bank's text: line breaks, then entities; no other tag may be left."""
+    text = field.replace("<br>", "\n")
+    assert "<" not in text, field
+    return html.unescape(text)
 
 
 def test_stale_exports_name_what_is_out_of_date(tmp_path, runner):
