@@ -25,6 +25,8 @@ from studyapp.anki import (
 from studyapp.bank import BankError, load_bank
 from studyapp.db import get_engine
 from studyapp.lab_runs import latest_done
+from studyapp.lab_runs.findings import choose
+from studyapp.lab_runs.queue import aware
 from studyapp.models import LabRun
 
 
@@ -43,7 +45,13 @@ def stored_lab_results() -> dict[str, dict[str, Any]]:
     except Exception as error:  # noqa: BLE001 - no usable database is a normal case: use the file
         click.echo(f"lab results: not read from the database ({type(error).__name__}: {error})", err=True)
         return {}
-    return {lab_id: run.result for lab_id, run in runs.items() if isinstance(run.result, dict)}
+    return {lab_id: _dated(run) for lab_id, run in runs.items() if isinstance(run.result, dict)}
+
+
+def _dated(run: LabRun) -> dict[str, Any]:
+    """The run's result with the date it finished, so the exported reference says when it was measured."""
+    finished = aware(run.finished_at)
+    return {**run.result, "measured_at": finished.isoformat()} if finished else run.result
 
 
 @click.command("export-anki")
@@ -73,7 +81,8 @@ def export_anki_command(deck_id: str | None, out_dir: Path | None, bank_dir: Pat
             raise click.ClickException(f"{out_dir} is out of date; run `studyapp export-anki`:\n  " + "\n  ".join(problems))
         click.echo(f"{out_dir} is up to date with the bank")
         return
-    # Per lab: its latest run in the app's database, else the result the exports already carry.
+    # Per lab: its latest run in the app's database, else the result the exports already carry
+    # (the same rule as the pages: studyapp.lab_runs.findings.choose).
     results_file = out_dir / LAB_RESULTS_FILE
     if not results_file.is_file():
         results_file = DEFAULT_EXPORTS_DIR / LAB_RESULTS_FILE
@@ -83,7 +92,7 @@ def export_anki_command(deck_id: str | None, out_dir: Path | None, bank_dir: Pat
     # imported the committed decks must not see unchanged notes as newer.
     previous = read_manifest(DEFAULT_EXPORTS_DIR / MANIFEST_FILE)
     try:
-        written = export_anki(decks, out_dir, {**from_file, **from_db}, int(time.time()), deck_id, previous)
+        written = export_anki(decks, out_dir, choose(from_db, from_file), int(time.time()), deck_id, previous)
     except ValueError as error:
         raise click.ClickException(str(error)) from error
     click.echo(f"lab results: {len(from_db)} from the database, {len(set(from_file) - set(from_db))} from {results_file}")

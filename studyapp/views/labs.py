@@ -19,7 +19,8 @@ from sharding_lab.catalog import CATALOG, LabInfo, lab_info
 from sharding_lab.labs.registry import LABS
 from studyapp.csrf import FORM_FIELD
 from studyapp.db import get_engine, get_session
-from studyapp.lab_runs import RunStatus, enqueue, latest_done, notify_queued, world_sizes
+from studyapp.lab_runs import RunStatus, enqueue, notify_queued, world_sizes
+from studyapp.lab_runs.findings import LabFinding, lab_findings, measured_date, where_measured
 from studyapp.lab_runs.queue import ACTIVE, active_runs, aware, expected_seconds, queue_position, utcnow
 from studyapp.models import Card, LabRun
 from studyapp.safe_svg import safe_charts
@@ -39,21 +40,21 @@ def _lab_or_404(lab_id: str) -> LabInfo:
     return lab
 
 
-def latest_lab_run(lab_id: str) -> LabRun | None:
-    """The lab's latest finished (done) run: what a card's lab box and the lab page show."""
-    return latest_done(get_session(), lab_id).get(lab_id)
+def findings(lab_id: str | None = None) -> dict[str, LabFinding]:
+    """Per lab: its latest local run, else the committed reference in EXPORTS_DIR."""
+    return lab_findings(get_session(), current_app.config.get("EXPORTS_DIR"), lab_id)
 
 
 def card_lab(lab_id: str) -> dict[str, Any]:
     """What labs/_card_lab.html shows for a card's lab: the lab (None if not catalogued) and its
-    latest finished run."""
+    finding (the latest local run, else the reference; None when neither exists)."""
     lab = lab_info(lab_id)
-    return {"lab": lab, "measured": latest_lab_run(lab_id) if lab else None}
+    return {"lab": lab, "finding": findings(lab_id).get(lab_id) if lab else None, "where_measured": where_measured}
 
 
 @bp.get("")
 def index():
-    return render_template("labs/index.html", labs=CATALOG, latest=latest_done(get_session()))
+    return render_template("labs/index.html", labs=CATALOG, findings=findings())
 
 
 @bp.get("/<lab_id>")
@@ -84,13 +85,17 @@ def _results(lab_id: str) -> dict[str, Any]:
     runs = get_session().exec(
         select(LabRun).where(LabRun.lab_id == lab_id).order_by(LabRun.id.desc()).limit(PAST_RUNS_SHOWN)
     ).all()
-    latest = latest_lab_run(lab_id)
-    result = latest.result if latest is not None and isinstance(latest.result, dict) else None
+    finding = findings(lab_id).get(lab_id)
+    latest = finding.local if finding and not finding.is_reference else None
+    result = latest.result if latest is not None else None
     return {
         "latest": latest,
         "result": result,
+        "reference": finding.reference if finding else None,
+        "reference_measured_at": measured_date(finding.reference) if finding else None,
         "charts": safe_charts(result.get("charts")) if result else [],
         "runs": runs,
+        "where_measured": where_measured,
     }
 
 
