@@ -18,6 +18,7 @@ from pathlib import Path
 
 from sharding_lab.labs.evaluate import write_summaries
 from sharding_lab.labs.registry import LABS, get_lab
+from sharding_lab.run_config import DEVICES
 
 
 def register(subparsers) -> None:
@@ -42,7 +43,7 @@ def register(subparsers) -> None:
     run_parser.add_argument("--size", default="tiny", help="model size (default tiny)")
     run_parser.add_argument(
         "--device",
-        choices=("cpu", "cuda"),
+        choices=DEVICES,
         default="cpu",
         help="cpu (gloo, default) or cuda (NCCL, one GPU per rank)",
     )
