@@ -121,6 +121,7 @@ def test_world_size_is_required_without_table1():
         run_estimate_cli(["--world-size", "8"])
 
 
+@pytest.mark.slow
 def test_json_from_the_sharding_lab_cli_is_one_object():
     # What a script sees from `sharding-lab estimate ... --json`: one JSON object on stdout, nothing else.
     completed = subprocess.run(

@@ -10,6 +10,7 @@ import re
 from collections import Counter
 from urllib.parse import quote
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from live_server import record_figures
@@ -20,6 +21,8 @@ from studyapp.db import get_engine
 STATE_CHANGING = {"POST", "PUT", "PATCH", "DELETE"}
 FIELDS = ["card_id", "version", "choice", "quality", "deck", "shown_at", "duration_ms", "lab_id", "params", "world_size"]
 EXAMPLES = 1200
+
+pytestmark = pytest.mark.slow  # 1,200 requests
 
 # Text that is hard on parsers and databases: NUL, long, non-ASCII digits, SQL, markup, paths.
 nasty_text = st.one_of(

@@ -319,6 +319,7 @@ def test_importing_before_the_bank_is_synced_says_what_to_do(app_config, tmp_pat
     get_engine(bare).dispose()
 
 
+@pytest.mark.slow
 def test_fuzzed_history_files_are_imported_or_refused_cleanly(app, runner, tmp_path, good_exports, tmp_path_factory):
     """Random damage to a good file (a cell replaced, a line dropped or repeated, the file cut
     short): the import succeeds or says why and writes nothing; it never crashes."""

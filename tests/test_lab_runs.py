@@ -28,6 +28,7 @@ from studyapp.safe_svg import UnsafeSvg, clean_svg
 FAKE_LAB = Path(__file__).parent / "data" / "fake_sharding_lab.py"
 REPO = Path(__file__).resolve().parent.parent
 LAB = "adam-optimizer-state"  # the fastest real lab: one DDP launch at 2 ranks
+launches = pytest.mark.slow  # runs lab processes (the worker or run-all): left out of make test-fast
 
 
 def fake_command(*options: str) -> list[str]:
@@ -156,6 +157,7 @@ def test_the_form_post_queues_and_returns_to_the_lab_page(client, csrf_token, ap
 # --- the worker ------------------------------------------------------------------------------
 
 
+@launches
 def test_runs_go_one_at_a_time_in_order_and_store_the_lab_json(client, csrf_token, app, start, tmp_path):
     log = tmp_path / "fake.log"
     app.config["LAB_COMMAND"] = fake_command("--sleep", "0.4", "--log", str(log))
@@ -192,6 +194,7 @@ def test_runs_go_one_at_a_time_in_order_and_store_the_lab_json(client, csrf_toke
     assert status(client, run_ids[0]).get("expected_s") is None  # only while it waits or runs
 
 
+@launches
 def test_a_claim_that_does_not_hold_is_a_done_run_and_a_crash_is_a_failed_one(client, csrf_token, app, start):
     app.config["LAB_COMMAND"] = fake_command("--holds", "no")
     first = post_run(client, csrf_token, world_size=2).get_json()["run_id"]
@@ -211,6 +214,7 @@ def test_a_claim_that_does_not_hold_is_a_done_run_and_a_crash_is_a_failed_one(cl
     assert finished(client, third)["error"].startswith("could not start the lab:")
 
 
+@launches
 def test_a_run_past_its_timeout_is_failed_and_its_processes_killed(client, csrf_token, app, start, tmp_path):
     log = tmp_path / "fake.log"
     app.config.update(LAB_TIMEOUT_S=3, LAB_COMMAND=fake_command("--sleep", "60", "--child", "--log", str(log)))
@@ -227,6 +231,7 @@ def test_a_run_past_its_timeout_is_failed_and_its_processes_killed(client, csrf_
     wait_for(lambda: all(process_gone(pid) for pid in pids), 5, "the lab's processes to end")
 
 
+@launches
 def test_stopping_the_worker_kills_its_lab_and_fails_the_run(client, csrf_token, app, start, tmp_path):
     log = tmp_path / "fake.log"
     app.config["LAB_COMMAND"] = fake_command("--sleep", "60", "--child", "--log", str(log))
@@ -241,6 +246,7 @@ def test_stopping_the_worker_kills_its_lab_and_fails_the_run(client, csrf_token,
     wait_for(lambda: all(process_gone(pid) for pid in pids), 5, "the grandchild to end")
 
 
+@launches
 def test_a_restart_fails_the_run_it_cut_off_and_resumes_the_queued_ones(app, app_config, tmp_path):
     at = datetime(2026, 3, 2, 12, 0, tzinfo=timezone.utc)
     with Session(get_engine(app)) as session:
@@ -263,6 +269,7 @@ def test_a_restart_fails_the_run_it_cut_off_and_resumes_the_queued_ones(app, app
     get_engine(restarted).dispose()
 
 
+@launches
 def test_a_running_row_is_left_alone_while_its_runner_holds_the_lock(app, csrf_token, client):
     # `studyapp labs run-all` in another process holds the lock while its row runs: a server
     # starting then must wait for it, not fail its run.
@@ -279,6 +286,7 @@ def test_a_running_row_is_left_alone_while_its_runner_holds_the_lock(app, csrf_t
 # --- the pages -------------------------------------------------------------------------------
 
 
+@launches
 def test_the_lab_page_shows_the_latest_result_and_past_runs(client, csrf_token, app, start):
     app.config["LAB_COMMAND"] = fake_command("--finding", "<script>alert(1)</script> 2.00x per rank")
     run_id = post_run(client, csrf_token, world_size=2).get_json()["run_id"]
@@ -302,6 +310,7 @@ def test_the_lab_page_shows_the_latest_result_and_past_runs(client, csrf_token, 
     assert "Measured: the claim held." in question and f'href="/labs/{LAB}"' in question
 
 
+@launches
 def test_a_chart_with_anything_but_drawing_is_not_shown(client, csrf_token, app, start):
     app.config["LAB_COMMAND"] = fake_command("--chart", "<svg><rect onload='alert(1)'/></svg>")
     run_id = post_run(client, csrf_token, world_size=2).get_json()["run_id"]
@@ -338,6 +347,7 @@ def test_clean_svg_keeps_a_real_chart_with_its_tooltips_and_escaping():
 # --- the CLI and the export ------------------------------------------------------------------
 
 
+@launches
 def test_labs_run_all_stores_every_lab_and_export_anki_uses_the_results(app, runner, tmp_path):
     result = runner.invoke(args=["labs", "run-all", "--world-size", "4"])
     assert result.exit_code == 0, result.output
@@ -355,6 +365,7 @@ def test_labs_run_all_stores_every_lab_and_export_anki_uses_the_results(app, run
     assert any(f"fake finding for {LAB} at 4 ranks" in text for text in fields)
 
 
+@launches
 def test_labs_run_all_exits_1_and_says_which_failed(app, runner):
     app.config["LAB_COMMAND"] = fake_command("--fail", "2")
     result = runner.invoke(args=["labs", "run-all"])
@@ -404,6 +415,7 @@ print(json.dumps({{"body": body, "seconds": time.monotonic() - started, "page_ha
     print(f"real lab through the app: {report['seconds']:.1f} s")
 
 
+@launches
 def test_the_labs_index_says_which_claims_held(client, runner, app):
     app.config["LAB_COMMAND"] = fake_command("--holds", "no")
     assert runner.invoke(args=["labs", "run-all"]).exit_code == 1

@@ -37,6 +37,7 @@ def one_rank_group():
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_records_each_collective_with_its_phase_and_logical_bytes(one_rank_group):
     model = GPT(config_for("tiny"))
     tracker = CommTracker(model, world_size=1)
@@ -64,6 +65,7 @@ def test_records_each_collective_with_its_phase_and_logical_bytes(one_rank_group
     assert CommSummary.from_json(tracker.summary()).totals()["all_reduce"] == OpTotal(1, 40, 0)
 
 
+@pytest.mark.slow
 def test_module_events_nest_in_forward_and_backward(one_rank_group):
     model = GPT(config_for("tiny"))
     tracker = CommTracker(model, world_size=1)
@@ -152,6 +154,7 @@ def test_wire_bytes_are_derived_per_collective_and_summed_per_op():
             )
 
 
+@pytest.mark.slow
 def test_wrappers_are_put_back_and_a_ddp_model_gets_the_default_all_reduce_hook(one_rank_group):
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel
