@@ -3,7 +3,8 @@
 Settings (defaults in DEFAULTS; override in instance/config.py or the test config):
 DATABASE_URL (or the STUDYAPP_DATABASE_URL environment variable), NEW_CARDS_PER_DAY,
 REVIEWS_PER_DAY, DAY_START_HOUR, TIMEZONE, BANK_PATH, EXPORTS_DIR, HOST, PORT, CLOCK; the lab
-runner's LAB_TIMEOUT_S, LAB_WORLD_SIZES, LAB_COMMAND, LAB_WORKER_AUTOSTART (see studyapp.lab_runs.worker).
+runner's LAB_TIMEOUT_S, LAB_WORLD_SIZES, LAB_COMMAND, LAB_WORKER_AUTOSTART (see studyapp.lab_runs.worker);
+the login's REQUIRE_LOGIN, TRUST_PROXY and rate limits (see studyapp.auth).
 """
 
 from __future__ import annotations
@@ -65,12 +66,14 @@ def create_app(config: dict[str, Any] | None = None, *, instance_path: str | Non
     if not app.config.get("SECRET_KEY"):
         app.config["SECRET_KEY"] = _install_secret_key(app.instance_path)
 
-    from studyapp import cli, csrf, db, lab_runs, views
+    from studyapp import auth, cli, csrf, db, headers, lab_runs, views
     from studyapp.study import StudySettings
 
     StudySettings.from_config(app.config)  # refuse bad limits, hour or zone now, not mid-review
     db.init_app(app)
+    auth.init_app(app)  # before csrf: a request without a login is sent to log in, not told about tokens
     csrf.init_app(app)
+    headers.init_app(app)
     lab_runs.init_app(app)
     views.init_app(app)
     cli.init_app(app)

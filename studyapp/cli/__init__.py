@@ -2,7 +2,8 @@
 
     serve.py     serve                                  bank.py      bank sync | check | import-quiz
     anki.py      export-anki [--check]                  labs.py      labs run-all
-    history.py   export-history, import-history         (studyapp.migrate: db upgrade | current | revision)
+    history.py   export-history, import-history         token.py     token [--rotate]
+    (studyapp.migrate: db upgrade | current | revision)
 
 To add a command, define it (a click command or an AppGroup) and list it in COMMANDS;
 `init_app` registers each one on `app.cli`, so `app.test_cli_runner()` sees it too.
@@ -18,6 +19,7 @@ from studyapp.cli.bank import bank_group
 from studyapp.cli.history import export_history_command, import_history_command
 from studyapp.cli.labs import labs_group
 from studyapp.cli.serve import serve_command
+from studyapp.cli.token import token_command
 from studyapp.migrate import db_group
 
 COMMANDS = (
@@ -28,6 +30,7 @@ COMMANDS = (
     db_group,
     export_history_command,
     import_history_command,
+    token_command,
 )
 
 

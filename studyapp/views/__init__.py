@@ -34,9 +34,13 @@ def _wants_json() -> bool:
 def render_http_error(error: HTTPException):
     """Client errors as a page (or JSON) that says what was wrong, with the right status."""
     message = error.description or error.name
+    headers = [(name, value) for name, value in error.get_headers() if name != "Content-Type"]  # Retry-After, Allow
     if _wants_json():
-        return jsonify(error=message, status=error.code), error.code
-    return render_template("error.html", error=error, message=message), error.code
+        body = {"error": message, "status": error.code}
+        if getattr(error, "retry_after", None):
+            body["retry_after_s"] = error.retry_after
+        return jsonify(body), error.code, headers
+    return render_template("error.html", error=error, message=message), error.code, headers
 
 
 def init_app(app: Flask) -> None:

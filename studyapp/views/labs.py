@@ -17,6 +17,7 @@ from sqlmodel import Session, select
 
 from sharding_lab.catalog import CATALOG, LabInfo, lab_info
 from sharding_lab.labs.registry import LABS
+from studyapp.auth import limit_lab_runs
 from studyapp.csrf import FORM_FIELD
 from studyapp.db import get_engine, get_session
 from studyapp.lab_runs import RunStatus, enqueue, notify_queued, world_sizes
@@ -100,6 +101,7 @@ def _results(lab_id: str) -> dict[str, Any]:
 
 
 @bp.post("/<lab_id>/runs")
+@limit_lab_runs  # per session, when served beyond loopback
 def start_run(lab_id: str):
     if lab_id not in LABS:  # only registered labs run, whatever the catalogue lists
         abort(404, description=f"There is no runnable lab '{lab_id[:60]}'.")
