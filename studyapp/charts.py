@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from datetime import date
 
 from markupsafe import Markup, escape
 
@@ -47,3 +48,33 @@ def bar_chart(
             )
     parts.append("</svg>")
     return Markup("".join(parts))
+
+
+def calendar_chart(weeks: Sequence[Sequence[tuple[date, int] | None]], *, title: str, cell: int = 12) -> Markup:
+    """A year of study days as a heat map: one column per week (Monday on top), shaded by
+    reviews in quarters of the busiest day; each day carries a tooltip with its count."""
+    from studyapp.stats import calendar_level  # the shading rule, tested on its own
+
+    left, top = 28, 30
+    busiest = max((day[1] for week in weeks for day in week if day), default=0)
+    width, height = left + len(weeks) * (cell + 2) + 10, top + 7 * (cell + 2) + 10
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="chart calendar" viewBox="0 0 {width} {height}" '
+        f'role="img" aria-label="{escape(title)}">',
+        f"<title>{escape(title)}</title>",
+        f'<text x="{left}" y="18" class="chart-title">{escape(title)}</text>',
+    ]
+    for row, name in ((0, "Mon"), (2, "Wed"), (4, "Fri")):
+        parts.append(f'<text x="{left - 4}" y="{top + row * (cell + 2) + cell - 2}" class="tick" text-anchor="end">{name}</text>')
+    for w, week in enumerate(weeks):
+        for d, day in enumerate(week):
+            if day is None:
+                continue
+            when, count = day
+            parts.append(
+                f'<rect x="{left + w * (cell + 2)}" y="{top + d * (cell + 2)}" width="{cell}" height="{cell}" rx="2" '
+                f'class="cal-{calendar_level(count, busiest)}"><title>{when.isoformat()}: {count} review{"" if count == 1 else "s"}'
+                "</title></rect>"
+            )
+    parts.append("</svg>")
+    return Markup("".join(parts))  # noqa: S704 - every text above is escaped or a number

@@ -1,4 +1,4 @@
-"""The home page: every deck with its due, new and learned counts."""
+"""The home page: every deck with its due, new and learned counts, and the weakest topic this week."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from flask import Blueprint, render_template
 from sqlalchemy import case, func
 from sqlmodel import Session, select
 
+from sharding_lab.catalog import lab_info
+from studyapp import stats
 from studyapp.db import get_session
 from studyapp.models import Card, Deck
 from studyapp.study import day_progress
@@ -16,6 +18,7 @@ from studyapp.views import clock
 from studyapp.views.exports import available_exports
 
 bp = Blueprint("home", __name__)
+WEAKEST_DAYS = 7  # "this week": the home page's one line on the weakest topic
 
 
 @dataclass(frozen=True)
@@ -52,4 +55,6 @@ def index():
         progress=day_progress(session, today),
         settings=clock.settings(),
         exports=available_exports(),
+        weakest=stats.weakest(stats.mastery(session, today, WEAKEST_DAYS)),
+        lab_info=lab_info,
     )

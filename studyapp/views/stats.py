@@ -1,14 +1,22 @@
-"""Statistics: reviews per day, accuracy and the due forecast, as SVG charts."""
+"""Statistics: card states, interval and ease, true retention, the review calendar, time spent,
+the due forecast, and mastery by topic; SVG charts, each with a data table as its text alternative.
+
+    /stats                  stats.index
+    /stats/tags/<tag>       stats.tag      a topic's cards, with the lab that shows the effect
+"""
 
 from __future__ import annotations
 
+import re
 from datetime import date, timedelta
 
-from flask import Blueprint, render_template
-from sqlalchemy import case, func
+from flask import Blueprint, abort, render_template
+from sqlalchemy import String, case, cast, func
 from sqlmodel import Session, select
 
-from studyapp.charts import bar_chart
+from sharding_lab.catalog import lab_info
+from studyapp import stats
+from studyapp.charts import bar_chart, calendar_chart
 from studyapp.db import get_session
 from studyapp.models import Card, ReviewLog
 from studyapp.views import clock
@@ -17,6 +25,10 @@ bp = Blueprint("stats", __name__, url_prefix="/stats")
 
 HISTORY_DAYS = 30
 FORECAST_DAYS = 30
+RETENTION_WEEKS, RETENTION_MONTHS = 12, 12
+CALENDAR_WEEKS = 53
+MASTERY_DAYS = 30  # the mastery table's window; the home page's line uses the last 7 days
+TAG = re.compile(r"[a-z0-9][a-z0-9._+-]{0,63}")
 
 
 def reviews_by_day(session: Session, today: date, days: int = HISTORY_DAYS) -> list[tuple[date, int, int]]:
@@ -45,6 +57,15 @@ def due_forecast(session: Session, today: date, days: int = FORECAST_DAYS) -> li
     return sorted(counts.items())
 
 
+def chart(svg, title: str, columns: tuple[str, ...], rows: list[tuple]) -> dict:
+    """An SVG chart with its text alternative: the same figures as a table (stats/_chart.html)."""
+    return {"svg": svg, "title": title, "columns": columns, "rows": rows}
+
+
+def percent(value: float | None) -> str:
+    return "–" if value is None else f"{value:.0f}%"
+
+
 @bp.get("")
 def index():
     session = get_session()
@@ -53,15 +74,63 @@ def index():
     forecast = due_forecast(session, today)
     total = sum(count for _, count, _ in history)
     correct = sum(right for _, _, right in history)
+
+    weeks = stats.calendar_weeks({}, today, CALENDAR_WEEKS)
+    week_starts = stats.week_starts(today, RETENTION_WEEKS)
+    month_starts = stats.month_starts(today, RETENTION_MONTHS)
+    first = min(weeks[0][0][0], week_starts[0], month_starts[0])
+    rows = stats.day_rows(session, first, today)  # one grouped scan for calendar, retention and time
+    per_day = stats.reviews_per_day(rows)
+    weeks = stats.calendar_weeks(per_day, today, CALENDAR_WEEKS)
+    by_week = stats.fold_retention(rows, week_starts, today, "%b %d")
+    by_month = stats.fold_retention(rows, month_starts, today, "%b %Y")
+    time_first = today - timedelta(days=HISTORY_DAYS - 1)
+    minutes = stats.minutes_per_day(rows, time_first, today)
+    median = stats.median_ms(stats.duration_histogram(session, time_first, today))
+    states = stats.card_states(session)
+    intervals = stats.interval_histogram(session)
+    eases = stats.ease_histogram(session)
+    year = [day for week in weeks for day in week if day]
+    months: dict[str, int] = {}
+    for day, count in year:
+        months[day.strftime("%Y-%m")] = months.get(day.strftime("%Y-%m"), 0) + count
+
     charts = {
-        "reviews": bar_chart([(d.strftime("%b %d"), n) for d, n, _ in history], title="Reviews per day (last 30 days)"),
-        "accuracy": bar_chart(
-            [(d.strftime("%b %d"), 100 * right / n if n else None) for d, n, right in history],
-            title="Accuracy per day, % answered right",
-            value_label=lambda v: f"{v:.0f}%",
-            max_value=100,
-        ),
-        "forecast": bar_chart([(d.strftime("%b %d"), n) for d, n in forecast], title="Cards due, next 30 days"),
+        "reviews": chart(
+            bar_chart([(d.strftime("%b %d"), n) for d, n, _ in history], title="Reviews per day (last 30 days)"),
+            "Reviews per day (last 30 days)", ("day", "reviews", "answered right"),
+            [(d.isoformat(), n, right) for d, n, right in history]),
+        "accuracy": chart(
+            bar_chart(
+                [(d.strftime("%b %d"), 100 * right / n if n else None) for d, n, right in history],
+                title="Accuracy per day, % answered right",
+                value_label=lambda v: f"{v:.0f}%",
+                max_value=100,
+            ),
+            "Accuracy per day, % answered right", ("day", "% right"),
+            [(d.isoformat(), percent(100 * right / n if n else None)) for d, n, right in history]),
+        "forecast": chart(
+            bar_chart([(d.strftime("%b %d"), n) for d, n in forecast], title="Cards due, next 30 days"),
+            "Cards due, next 30 days", ("day", "cards due"), [(d.isoformat(), n) for d, n in forecast]),
+        "intervals": chart(
+            bar_chart(intervals, title="Card intervals", label_every=1),
+            "Card intervals", ("interval", "cards"), intervals),
+        "ease": chart(
+            bar_chart(eases, title="Card ease (SM-2 easiness factor)", label_every=1),
+            "Card ease (SM-2 easiness factor)", ("ease", "cards"), eases),
+        "retention": chart(
+            bar_chart([(p.label, p.overall.percent) for p in by_week], title="True retention per week, %",
+                      value_label=lambda v: f"{v:.0f}%", max_value=100, label_every=2),
+            "True retention per week, %", ("week of", "young", "mature", "overall"),
+            [(p.label, percent(p.young.percent), percent(p.mature.percent), percent(p.overall.percent)) for p in by_week]),
+        "calendar": chart(
+            calendar_chart(weeks, title="Review calendar, last 12 months"),
+            "Review calendar, last 12 months", ("month", "reviews"), sorted(months.items())),
+        "time": chart(
+            bar_chart([(d.strftime("%b %d"), m) for d, m in minutes], title="Minutes answering per day (last 30 days)",
+                      value_label=lambda v: f"{v:.1f}"),
+            "Minutes answering per day (last 30 days)", ("day", "minutes"),
+            [(d.isoformat(), f"{m:.1f}") for d, m in minutes]),
     }
     return render_template(
         "stats/index.html",
@@ -69,4 +138,35 @@ def index():
         total=total,
         accuracy=(100 * correct / total) if total else None,
         forecast_total=sum(n for _, n in forecast),
+        states=states,
+        by_week=by_week,
+        by_month=by_month,
+        retention_total=stats.total_retention(r for r in rows if r.day >= month_starts[0]),
+        year_reviews=sum(n for _, n in year),
+        year_days=sum(1 for _, n in year if n),
+        busiest=max(year, key=lambda day: day[1], default=None),
+        minutes_total=sum(m for _, m in minutes),
+        median_ms=median,
+        topics=stats.mastery(session, today, MASTERY_DAYS),
+        mastery_days=MASTERY_DAYS,
+        lab_info=lab_info,
+        percent=percent,
     )
+
+
+@bp.get("/tags/<tag>")
+def tag(tag: str):
+    """A topic's cards, weakest first by ease, with their labs."""
+    if not TAG.fullmatch(tag):
+        abort(404, description="There is no such tag.")
+    session = get_session()
+    today = clock.today()
+    candidates = session.exec(
+        select(Card).where(Card.retired.is_(False), cast(Card.tags, String).contains(f'"{tag}"')).order_by(Card.position)
+    ).all()
+    cards = [card for card in candidates if tag in card.tags]
+    if not cards:
+        abort(404, description=f"No card is tagged '{tag}'.")
+    topic = next((t for t in stats.mastery(session, today, MASTERY_DAYS) if t.kind == "tag" and t.name == tag), None)
+    return render_template("stats/tag.html", tag=tag, cards=sorted(cards, key=lambda c: (c.is_new, c.easiness)),
+                           topic=topic, today=today, lab_info=lab_info, percent=percent, mastery_days=MASTERY_DAYS)

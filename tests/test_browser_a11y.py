@@ -1,0 +1,172 @@
+"""Every page in a real Chromium: an axe-core audit in light and dark, keyboard reach with a
+visible focus ring, the night-mode toggle, charts with text alternatives, and phone width.
+
+axe-core is vendored (tests/data/axe.min.js, MPL-2.0, its licence header kept), so nothing is
+fetched at run time. It is evaluated through the DevTools protocol, which the page's
+Content-Security-Policy does not govern; the app itself serves no inline script or style.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+from playwright.sync_api import Page, expect
+from review_driver import drive_reviews
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+AXE = Path(__file__).parent / "data" / "axe.min.js"
+BLOCKING = ("serious", "critical")
+PHONE = {"width": 390, "height": 844}
+PAGES = [
+    "/", "/study", "/decks/alpha", "/questions/alpha-shards", "/labs", "/labs/what-fsdp-shards",
+    "/labs/adam-optimizer-state", "/stats", "/stats/tags/fsdp", "/no-such-page",
+]
+
+
+@pytest.fixture
+def app_config(app_config: dict, tmp_path: Path) -> dict:
+    """The committed lab results as the reference, as on a fresh install."""
+    exports = tmp_path / "reference-exports"
+    exports.mkdir()
+    shutil.copy(REPO / "exports" / "lab-results.json", exports / "lab-results.json")
+    return {**app_config, "EXPORTS_DIR": str(exports)}
+
+
+@pytest.fixture
+def reviewed(app, client, clock) -> None:
+    """A fortnight of reviews (with undos), so the stats and topics have something to draw."""
+    drive_reviews(client, clock, days=14, seed=3)
+
+
+def audit(page: Page) -> list[str]:
+    """The serious and critical axe violations on the page, one line each."""
+    if not page.evaluate("typeof window.axe === 'object'"):
+        page.evaluate(AXE.read_text(encoding="utf-8") + "\n;0")
+    violations = page.evaluate("async () => (await axe.run(document, {resultTypes: ['violations']})).violations")
+    return [
+        f"{v['id']} ({v['impact']}): {v['help']} at {[n['target'] for n in v['nodes']][:3]}"
+        for v in violations
+        if v["impact"] in BLOCKING
+    ]
+
+
+def no_horizontal_scroll(page: Page) -> None:
+    width = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+    assert width[0] <= width[1], f"{page.url} scrolls sideways at {width[1]} px: {width[0]} px wide"
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_every_page_passes_axe_in_both_themes(page: Page, live_server: str, reviewed, scheme: str):
+    page.emulate_media(color_scheme=scheme)
+    problems = {}
+    for path in PAGES:
+        page.goto(live_server + path)
+        assert page.evaluate("getComputedStyle(document.documentElement).colorScheme") == scheme
+        if found := audit(page):
+            problems[path] = found
+    # The answer view and the done page are reached by answering.
+    page.goto(live_server + "/study")
+    page.locator("input[name=choice]").first.check()
+    page.get_by_role("button", name="Check answer").click()
+    expect(page.locator(".verdict")).to_be_visible()
+    if found := audit(page):
+        problems["answer view"] = found
+    assert problems == {}
+
+
+def test_every_interactive_element_is_reached_by_tab_with_a_visible_focus_ring(page: Page, live_server: str, reviewed):
+    for path in ["/", "/study", "/questions/alpha-shards", "/labs/what-fsdp-shards", "/stats"]:
+        page.goto(live_server + path)
+        # Radio buttons of one group are one tab stop (arrow keys move within it).
+        wanted = page.evaluate("""() => {
+            const all = [...document.querySelectorAll('a[href], button, input:not([type=hidden]), select, textarea, summary, [tabindex]')]
+                .filter(e => e.checkVisibility() && !e.disabled && e.tabIndex >= 0);
+            const seen = new Set();
+            return all.filter(e => {
+                if (e.type !== 'radio') return true;
+                if (seen.has(e.name)) return false;
+                seen.add(e.name); return true;
+            }).map(e => e.outerHTML.slice(0, 80));
+        }""")
+        reached, rings = set(), []
+        for _ in range(len(wanted) + 3):
+            page.keyboard.press("Tab")
+            focused = page.evaluate("""() => {
+                const e = document.activeElement, s = getComputedStyle(e);
+                const html = e.type === 'radio' ? document.querySelector(`input[name="${e.name}"]`).outerHTML : e.outerHTML;
+                return [html.slice(0, 80), s.outlineStyle, parseFloat(s.outlineWidth)];
+            }""")
+            if focused[0].startswith("<body"):
+                continue
+            reached.add(focused[0])
+            rings.append(focused)
+        missing = [html for html in wanted if html not in reached]
+        assert missing == [], f"{path}: not reachable by Tab: {missing}"
+        no_ring = [html for html, style, width in rings if style == "none" or width < 2]
+        assert no_ring == [], f"{path}: focus not visible on {no_ring}"
+
+
+def test_night_mode_follows_the_system_and_the_toggle_is_remembered(page: Page, live_server: str):
+    page.emulate_media(color_scheme="light")
+    page.goto(live_server + "/stats")
+    background = "getComputedStyle(document.body).backgroundColor"
+    light = page.evaluate(background)
+    toggle = page.get_by_role("button", name="Dark mode")
+    expect(toggle).to_have_attribute("aria-pressed", "false")
+    toggle.click()
+    expect(toggle).to_have_attribute("aria-pressed", "true")
+    dark = page.evaluate(background)
+    assert dark != light
+    bar = page.locator("svg.chart .axis").first  # the charts take the theme's colours
+    assert bar.evaluate("e => getComputedStyle(e).stroke") != "rgb(0, 0, 0)"
+    page.goto(live_server + "/")  # remembered on the next page, whatever the system says
+    assert page.evaluate(background) == dark
+    expect(page.get_by_role("button", name="Dark mode")).to_have_attribute("aria-pressed", "true")
+    page.get_by_role("button", name="Dark mode").click()
+    page.emulate_media(color_scheme="dark")
+    page.reload()
+    assert page.evaluate(background) == light  # the learner's pick beats the system's
+
+
+def test_every_chart_has_a_title_and_a_text_alternative(page: Page, live_server: str, reviewed):
+    page.goto(live_server + "/stats")
+    charts = page.locator("svg.chart")
+    assert charts.count() >= 8
+    for i in range(charts.count()):
+        chart = charts.nth(i)
+        label = chart.get_attribute("aria-label")
+        assert label and chart.get_attribute("role") == "img"
+        assert chart.locator("title").first.text_content() == label
+        table = chart.locator("xpath=ancestor::figure//details//table")
+        expect(table).to_have_count(1)
+        assert table.locator("tbody tr").count() >= 1
+
+
+def test_the_review_flow_stats_and_a_lab_fit_a_phone(page: Page, live_server: str, reviewed, app):
+    page.set_viewport_size(PHONE)
+    page.goto(live_server + "/")
+    no_horizontal_scroll(page)
+    page.get_by_role("link", name="Study all decks").click()
+    for _ in range(3):
+        if page.locator("h1", has_text="Done for today").count():
+            break
+        no_horizontal_scroll(page)
+        page.locator("ol.choices label").first.click()
+        page.get_by_role("button", name="Check answer").click()
+        no_horizontal_scroll(page)
+        page.locator("button.grade").first.click()
+    no_horizontal_scroll(page)
+    for path in ["/stats", "/labs", "/labs/what-fsdp-shards", "/questions/alpha-shards", "/stats/tags/fsdp"]:
+        page.goto(live_server + path)
+        no_horizontal_scroll(page)
+
+
+def test_the_audit_reports_what_it_should(page: Page):
+    """The audit is live: a page with an unlabelled image and a nameless button fails it."""
+    page.set_content('<html lang="en"><body><main><img src="x.png"><button></button></main></body></html>')
+    found = audit(page)
+    assert any(line.startswith("image-alt") for line in found) and any(line.startswith("button-name") for line in found)
