@@ -78,11 +78,11 @@ def test_the_lab_page_shows_claim_command_and_the_questions_it_backs(client):
     assert "What FSDP shards that DDP replicates" in text(client.get("/labs"))
 
 
-def test_the_stats_page_draws_three_svg_charts(client, app, clock):
+def test_the_stats_page_draws_its_svg_charts(client, app, clock):
     review(app, "alpha-shards", clock.now)
     review(app, "beta-adam", clock.now)
     page = client.get("/stats").get_data(as_text=True)
-    assert page.count("<svg") == 3
+    assert page.count("<svg") == 8  # reviews, accuracy, forecast, intervals, ease, retention, calendar, time
     assert page.count(": 100%</title>") == 1 and ": 0%</title>" not in page  # days without reviews: no bar
     assert "Reviews per day" in page and "Accuracy per day" in page and "Cards due, next 30 days" in page
     assert "2 reviews in the last 30 days, 100% answered right" in html.unescape(page)

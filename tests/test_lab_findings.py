@@ -1,0 +1,109 @@
+"""A lab's finding from the first minute: the latest local run, else the committed reference
+(studyapp.lab_runs.findings), on the labs index, a lab page, a card's answer side and in export-anki."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import shutil
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+from sqlmodel import Session
+
+from studyapp.db import get_engine
+from studyapp.lab_runs.findings import LabFinding, choose, measured_date, where_measured
+from studyapp.models import LabRun, RunStatus
+
+REFERENCE = json.loads((REPO / "exports" / "lab-results.json").read_text(encoding="utf-8"))
+
+
+def text(response) -> str:
+    """The page's words, tags left out."""
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", response.get_data(as_text=True))).split())
+
+
+@pytest.fixture
+def app_config(app_config: dict, tmp_path: Path) -> dict:
+    exports = tmp_path / "reference-exports"
+    exports.mkdir()
+    shutil.copy(REPO / "exports" / "lab-results.json", exports / "lab-results.json")
+    return {**app_config, "EXPORTS_DIR": str(exports)}
+
+
+def local_run(app, lab_id: str, finding: str) -> None:
+    with Session(get_engine(app)) as session:
+        result = {**REFERENCE[lab_id], "finding": finding}
+        result["config"] = {**result["config"], "world_size": 4}
+        moment = datetime(2026, 3, 1, 9, 30, tzinfo=timezone.utc)
+        session.add(LabRun(lab_id=lab_id, params={"world_size": 4}, status=RunStatus.done, result=result,
+                           created_at=moment, started_at=moment, finished_at=moment))
+        session.commit()
+
+
+def test_choose_prefers_the_local_run_and_keeps_the_reference():
+    local = {"a": {"finding": "here"}, "b": None}
+    reference = {"a": {"finding": "committed"}, "b": {"finding": "committed b"}, "c": "not a result"}
+    assert choose(local, reference) == {"a": {"finding": "here"}, "b": {"finding": "committed b"}}
+    run = LabRun(lab_id="a", status="done", result={"finding": "here"}, created_at=datetime(2026, 3, 1, tzinfo=timezone.utc),
+                 finished_at=datetime(2026, 3, 1, 9, tzinfo=timezone.utc))
+    both = LabFinding("a", run, reference["a"])
+    assert both.result == {"finding": "here"} and not both.is_reference
+    assert both.measured_at == datetime(2026, 3, 1, 9, tzinfo=timezone.utc)
+    only = LabFinding("b", None, reference["b"])
+    assert only.is_reference and only.measured_at is None  # no date recorded: none invented
+    assert measured_date({"measured_at": "2026-02-01T10:00:00+00:00"}) == datetime(2026, 2, 1, 10, tzinfo=timezone.utc)
+    assert measured_date({"measured_at": "yesterday"}) is None
+
+
+def test_where_measured_names_device_ranks_backend_and_torch():
+    assert where_measured(REFERENCE["what-fsdp-shards"]) == ["cpu", "2 ranks", "gloo", "torch 2.13.0+cpu"]
+    assert where_measured({}) == [] and where_measured({"config": "odd"}) == []
+
+
+def test_a_fresh_install_shows_every_labs_committed_finding(client):
+    page = text(client.get("/labs"))
+    assert "not run yet" not in page
+    assert page.count("committed reference") == len(REFERENCE)
+    assert page.count("Run it here") == len(REFERENCE)
+
+
+def test_a_lab_page_shows_the_reference_with_where_it_was_measured(client):
+    page = text(client.get("/labs/adam-optimizer-state"))
+    assert "Not run here yet" in page and "Run it here" in page
+    assert "Committed reference, measured on cpu, 2 ranks, gloo, torch 2.13.0+cpu (date not recorded)" in page
+    assert REFERENCE["adam-optimizer-state"]["finding"] in page
+
+
+def test_a_local_run_is_the_latest_and_the_reference_stays_for_comparison(app, client):
+    local_run(app, "adam-optimizer-state", "measured here at 4 ranks")
+    page = text(client.get("/labs/adam-optimizer-state"))
+    assert page.index("measured here at 4 ranks") < page.index("Committed reference, for comparison")
+    assert REFERENCE["adam-optimizer-state"]["finding"] in page and "4 ranks" in page
+    index = text(client.get("/labs"))
+    assert index.count("committed reference") == len(REFERENCE) - 1 and "run here" in index
+
+
+def test_the_cards_answer_side_shows_the_reference_then_the_local_run(app, client):
+    card = text(client.get("/questions/beta-adam"))
+    assert "Measured: the claim held." in card and REFERENCE["adam-optimizer-state"]["finding"] in card
+    assert "Committed reference, measured on cpu, 2 ranks, gloo, torch 2.13.0+cpu (date not recorded) · Run it here" in card
+    local_run(app, "adam-optimizer-state", "measured here at 4 ranks")
+    card = text(client.get("/questions/beta-adam"))
+    assert "measured here at 4 ranks" in card and "Run here, measured on cpu, 4 ranks, gloo, torch 2.13.0+cpu, 2026-03-01" in card
+
+
+def test_export_anki_takes_the_same_rule_and_dates_a_local_run(app, runner, tmp_path):
+    local_run(app, "adam-optimizer-state", "measured here at 4 ranks")
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copy(REPO / "exports" / "lab-results.json", out / "lab-results.json")
+    result = runner.invoke(args=["export-anki", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    carried = json.loads((out / "lab-results.json").read_text(encoding="utf-8"))
+    assert carried["adam-optimizer-state"]["finding"] == "measured here at 4 ranks"
+    assert carried["adam-optimizer-state"]["measured_at"] == "2026-03-01T09:30:00+00:00"
+    assert carried["what-fsdp-shards"] == REFERENCE["what-fsdp-shards"]

@@ -1,0 +1,198 @@
+"""Statistics and mastery by topic (studyapp.stats): the pure folds against hand-computed examples,
+then every SQL aggregate on a hand-built review log (SQLite and PostgreSQL), undone reviews left out."""
+
+from __future__ import annotations
+
+import html
+from datetime import date, datetime, timedelta, timezone
+
+import pytest
+from sqlmodel import Session, select
+
+from studyapp import stats
+from studyapp.db import get_engine
+from studyapp.models import Card, ReviewLog
+from studyapp.stats import KIND_LEARN, KIND_MATURE, KIND_YOUNG, DayRow, Retention
+
+WED = date(2026, 3, 4)
+
+
+# --- pure -------------------------------------------------------------------------------------
+
+
+def test_retention_per_week_splits_young_and_mature_and_leaves_out_first_reviews_and_repeats():
+    rows = [
+        DayRow(date(2026, 2, 20), KIND_YOUNG, 9, 9),  # before the first week: not counted
+        DayRow(date(2026, 2, 24), KIND_YOUNG, 4, 3),
+        DayRow(date(2026, 2, 25), KIND_MATURE, 2, 2),
+        DayRow(date(2026, 3, 3), KIND_YOUNG, 5, 1),
+        DayRow(date(2026, 3, 3), KIND_LEARN, 10, 0),  # first reviews and repeats: not retention
+    ]
+    starts = stats.week_starts(WED, 2)
+    assert starts == [date(2026, 2, 23), date(2026, 3, 2)]
+    first, second = stats.fold_retention(rows, starts, WED, "%b %d")
+    assert (first.label, first.first, first.last) == ("Feb 23", date(2026, 2, 23), date(2026, 3, 1))
+    assert (first.young, first.mature, first.overall) == (Retention(3, 4), Retention(2, 2), Retention(5, 6))
+    assert round(first.overall.percent, 1) == 83.3
+    assert (second.young, second.mature, second.overall) == (Retention(1, 5), Retention(0, 0), Retention(1, 5))
+    assert second.young.percent == 20 and second.mature.percent is None
+    total = stats.total_retention(rows[1:])
+    assert (total.young, total.mature, total.overall) == (Retention(4, 9), Retention(2, 2), Retention(6, 11))
+
+
+def test_months_run_back_over_the_new_year():
+    assert stats.month_starts(date(2026, 1, 15), 3) == [date(2025, 11, 1), date(2025, 12, 1), date(2026, 1, 1)]
+    rows = [DayRow(date(2025, 12, 31), KIND_MATURE, 3, 2), DayRow(date(2026, 1, 1), KIND_MATURE, 1, 0)]
+    periods = stats.fold_retention(rows, stats.month_starts(date(2026, 1, 15), 3), date(2026, 1, 15), "%b %Y")
+    assert [(p.label, p.mature) for p in periods] == [
+        ("Nov 2025", Retention(0, 0)), ("Dec 2025", Retention(2, 3)), ("Jan 2026", Retention(0, 1))]
+
+
+def test_median_answer_time_by_hand():
+    assert stats.median_ms([]) is None
+    assert stats.median_ms([(30, 2), (12, 1)]) == 3000.0  # 1.2 s, 3.0 s, 3.0 s
+    assert stats.median_ms([(5, 1), (7, 1), (20, 2)]) == 1350.0  # 0.5, 0.7 | 2.0, 2.0: (0.7 + 2.0) / 2
+
+
+def test_minutes_per_day_and_reviews_per_day():
+    rows = [DayRow(WED, KIND_YOUNG, 2, 1, 90_000, 2), DayRow(WED, KIND_LEARN, 1, 1, 30_000, 1)]
+    assert stats.minutes_per_day(rows, WED - timedelta(days=1), WED) == [(WED - timedelta(days=1), 0.0), (WED, 2.0)]
+    assert stats.reviews_per_day(rows) == {WED: 3}
+
+
+def test_the_calendar_is_weeks_of_monday_to_sunday_ending_today():
+    weeks = stats.calendar_weeks({date(2026, 3, 3): 5}, WED, weeks=2)
+    assert weeks[0][0] == (date(2026, 2, 23), 0)
+    assert weeks[1] == [(date(2026, 3, 2), 0), (date(2026, 3, 3), 5), (WED, 0), None, None, None, None]
+    assert [stats.calendar_level(n, 8) for n in (0, 1, 2, 3, 5, 7, 8)] == [0, 1, 1, 2, 3, 4, 4]
+
+
+def test_topics_by_hand_weakest_first():
+    cards = [("alpha", "lab-a", '["memory", "comm"]', 3, 2, 5.0, 1), ("beta", "lab-b", '["comm"]', 2, 2, 4.6, 2)]
+    reviews = [("alpha", "lab-a", '["memory", "comm"]', 4, 1, 2, 3), ("beta", "lab-b", '["comm"]', 2, 2, 0, 2)]
+    topics = stats.fold_topics(cards, reviews)
+    assert [(t.kind, t.name) for t in topics] == [("deck", "alpha"), ("tag", "memory"), ("tag", "comm"), ("deck", "beta")]
+    comm = topics[2]
+    assert (comm.cards, comm.due, comm.reviews, comm.passed, comm.lapses) == (5, 3, 6, 3, 3)
+    assert (comm.retention, comm.lapsed_cards, comm.cards_reviewed_in_window) == (50, 2, 5)
+    assert comm.average_ease == pytest.approx(9.6 / 4)
+    assert comm.lab == "lab-a"  # where its lapses are
+    assert topics[0].retention == 25 and topics[0].average_ease == 2.5
+    assert stats.weakest(topics).name == "alpha"
+    assert stats.weakest(stats.fold_topics(cards, [reviews[1]])) is None  # nothing lapsed
+
+
+# --- SQL on a hand-built log --------------------------------------------------------------------
+
+
+def log(card: Card, day: date, quality: int, *, before_interval: int = 6, was_new=False, is_repeat=False,
+        duration_ms: int | None = None, undone=False) -> ReviewLog:
+    moment = datetime(day.year, day.month, day.day, 12, tzinfo=timezone.utc)
+    return ReviewLog(
+        card_id=card.id, submission_id=f"{card.id}-{day}-{quality}-{before_interval}-{was_new}-{is_repeat}-{undone}",
+        reviewed_at=moment, study_day=day, quality=quality, choice=card.answer if quality >= 3 else (card.answer + 1) % 2,
+        correct=quality >= 3, is_repeat=is_repeat, was_new=was_new,
+        before_repetitions=2, before_easiness=2.5, before_interval=before_interval,
+        after_repetitions=3, after_easiness=2.5, after_interval=15, duration_ms=duration_ms,
+        undone_at=moment if undone else None,
+    )
+
+
+@pytest.fixture
+def built(app):
+    """The test bank's five cards in hand-set states, and a log whose figures are worked out below."""
+    with Session(get_engine(app)) as session:
+        cards = {c.question_id: c for c in session.exec(select(Card)).all()}
+        states = {  # question: (repetitions, easiness, interval, due)
+            "alpha-shards": (3, 2.6, 30, WED + timedelta(days=5)),  # mature
+            "alpha-gather": (0, 1.7, 1, WED),  # learning (lapsed), due today
+            "alpha-free": (1, 2.36, 1, WED - timedelta(days=2)),  # young, overdue
+            "beta-adam": (2, 1.3, 6, WED + timedelta(days=1)),  # young
+        }  # beta-stage3 stays new
+        for qid, (n, ef, interval, due) in states.items():
+            card = cards[qid]
+            card.repetitions, card.easiness, card.interval, card.due_day = n, ef, interval, due
+            session.add(card)
+        shards, gather, free, adam = (cards[q] for q in ("alpha-shards", "alpha-gather", "alpha-free", "beta-adam"))
+        session.add_all([
+            log(shards, WED, 5, before_interval=30, duration_ms=4_000),  # mature, passed
+            log(shards, WED - timedelta(days=8), 2, before_interval=25, duration_ms=9_000),  # mature, lapsed last week
+            log(gather, WED, 1, duration_ms=2_500),  # young, lapsed
+            log(gather, WED, 4, is_repeat=True, duration_ms=1_000),  # repeat: not retention
+            log(free, WED - timedelta(days=1), 4, was_new=True, duration_ms=6_000),  # first review
+            log(adam, WED, 3, duration_ms=3_000),  # young, passed
+            log(adam, WED, 0, duration_ms=50_000, undone=True),  # undone: never counts
+        ])
+        session.commit()
+    return app
+
+
+def test_card_states_and_histograms_in_sql(built):
+    with Session(get_engine(built)) as session:
+        assert stats.card_states(session) == stats.CardStates(new=1, learning=1, young=2, mature=1)
+        intervals = dict(stats.interval_histogram(session))
+        assert (intervals["1 d"], intervals["3–6 d"], intervals["3 wk–1 mo"], sum(intervals.values())) == (2, 1, 1, 4)
+        eases = dict(stats.ease_histogram(session))
+        assert (eases["1.3–1.5"], eases["1.7–1.9"], eases["2.3–2.5"], eases["2.5–2.7"], sum(eases.values())) == (1, 1, 1, 1, 4)
+
+
+def test_day_rows_retention_time_and_median_in_sql(built):
+    with Session(get_engine(built)) as session:
+        rows = stats.day_rows(session, WED - timedelta(days=30), WED)
+        by_key = {(r.day, r.kind): (r.reviews, r.passed, r.duration_ms, r.timed) for r in rows}
+        assert by_key == {
+            (WED, KIND_MATURE): (1, 1, 4_000, 1),
+            (WED, KIND_YOUNG): (2, 1, 5_500, 2),  # the undone 0 is not here
+            (WED, KIND_LEARN): (1, 1, 1_000, 1),
+            (WED - timedelta(days=1), KIND_LEARN): (1, 1, 6_000, 1),
+            (WED - timedelta(days=8), KIND_MATURE): (1, 0, 9_000, 1),
+        }
+        week = stats.fold_retention(rows, stats.week_starts(WED, 1), WED, "%b %d")[0]
+        assert (week.young, week.mature, week.overall) == (Retention(1, 2), Retention(1, 1), Retention(2, 3))
+        # Durations in the last 7 days: 1.0, 2.5, 3.0, 4.0, 6.0 s -> 3.0 s (the undone 50 s left out).
+        assert stats.median_ms(stats.duration_histogram(session, WED - timedelta(days=6), WED)) == 3000.0
+
+
+def test_mastery_by_tag_and_deck_in_sql(built):
+    with Session(get_engine(built)) as session:
+        topics = {(t.kind, t.name): t for t in stats.mastery(session, WED, 7)}
+        fsdp = topics[("tag", "fsdp")]  # alpha's three cards
+        assert (fsdp.cards, fsdp.due, fsdp.reviews, fsdp.passed, fsdp.lapsed_cards, fsdp.cards_reviewed_in_window) == (3, 2, 2, 1, 1, 2)
+        assert fsdp.average_ease == pytest.approx((2.6 + 1.7 + 2.36) / 3)
+        assert fsdp.lab == "allgather-before-layer"  # the lapsed card's lab
+        zero = topics[("tag", "zero")]
+        assert (zero.cards, zero.reviews, zero.passed, zero.lapsed_cards) == (2, 1, 1, 0)  # the undone lapse is not one
+        weakest = stats.weakest(stats.mastery(session, WED, 7))
+        assert (weakest.kind, weakest.name, weakest.retention) == ("deck", "alpha", 50)  # ties with fsdp: decks first
+        month = stats.mastery(session, WED, 30)
+        assert [(t.kind, t.name) for t in month][:2] == [("deck", "alpha"), ("tag", "fsdp")]  # 1 of 3: 33%
+        assert month[0].retention == pytest.approx(100 / 3)
+
+
+def test_the_stats_page_shows_every_figure(built, client, clock):
+    clock.now = datetime(2026, 3, 4, 12, tzinfo=timezone.utc)
+    page = " ".join(html.unescape(client.get("/stats").get_data(as_text=True)).split())
+    page = page.replace('<span class="state">', "").replace("</span>", "")
+    assert "5 cards: 1 new, 1 learning, 2 young, 1 mature" in page
+    assert page.count('<svg xmlns="http://www.w3.org/2000/svg" class="chart') == 8
+    assert page.count('<details class="chart-data">') == 8
+    assert "median answer time <strong>3.5 s</strong>" in page  # the last 30 days: 1, 2.5, 3 | 4, 6, 9 s
+    assert "True retention per month" in page and "Mastery by topic" in page
+    assert '<tr data-topic="deck:alpha">' in page
+
+
+def test_the_home_page_names_the_weakest_topic_and_its_lab(built, client, clock):
+    clock.now = datetime(2026, 3, 4, 12, tzinfo=timezone.utc)
+    page = " ".join(html.unescape(client.get("/").get_data(as_text=True)).split())
+    assert "Weakest topic this week:" in page
+    assert "alpha</a> deck: 1 of 2 cards lapsed" in page
+    assert "/labs/allgather-before-layer" in page
+
+
+def test_a_tag_page_lists_its_cards_and_refuses_odd_tags(built, client, clock):
+    clock.now = datetime(2026, 3, 4, 12, tzinfo=timezone.utc)
+    page = html.unescape(client.get("/stats/tags/fsdp").get_data(as_text=True))
+    assert page.count("/questions/alpha-") == 3 and "beta-" not in page
+    assert client.get("/stats/tags/nope").status_code == 404
+    assert client.get("/stats/tags/%22fsdp%22").status_code == 404
+    assert client.get("/stats/tags/fs").status_code == 404  # a prefix is not the tag
