@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 
-from sqlalchemy import String, case, cast, distinct, func, or_
+from sqlalchemy import String, case, cast, func, or_
 from sqlmodel import Session, select
 
 from studyapp.models import Card, ReviewLog
@@ -65,40 +65,51 @@ class CardStates:
         return self.new + self.learning + self.young + self.mature
 
 
-def card_states(session: Session) -> CardStates:
-    reviewed = Card.due_day.is_not(None)
-    row = session.exec(
-        select(
-            func.sum(case((Card.due_day.is_(None), 1), else_=0)),
-            func.sum(case((reviewed & (Card.repetitions == 0), 1), else_=0)),
-            func.sum(case((reviewed & (Card.repetitions > 0) & (Card.interval < MATURE_DAYS), 1), else_=0)),
-            func.sum(case((reviewed & (Card.repetitions > 0) & (Card.interval >= MATURE_DAYS), 1), else_=0)),
-        ).where(Card.retired.is_(False))
-    ).one()
-    return CardStates(*(int(value or 0) for value in row))
+@dataclass(frozen=True)
+class CardSummary:
+    states: CardStates
+    intervals: list[tuple[str, int]]  # reviewed cards per INTERVAL_BINS bin
+    eases: list[tuple[str, int]]  # reviewed cards per EASE_BINS bin
+
+
+STATE_NEW, STATE_LEARNING, STATE_YOUNG, STATE_MATURE = range(4)
+
+
+def card_summary(session: Session) -> CardSummary:
+    """Card states and the interval and ease histograms, from one grouped scan of the cards."""
+    state = case(
+        (Card.due_day.is_(None), STATE_NEW),
+        (Card.repetitions == 0, STATE_LEARNING),
+        (Card.interval >= MATURE_DAYS, STATE_MATURE),
+        else_=STATE_YOUNG,
+    )
+    interval_bin, ease_bin = _bin_case(Card.interval, INTERVAL_BINS), _bin_case(Card.easiness, EASE_BINS, EASE_SLACK)
+    rows = session.exec(
+        select(state, interval_bin, ease_bin, func.count()).where(Card.retired.is_(False)).group_by(state, interval_bin, ease_bin)
+    ).all()
+    return fold_cards([(int(s), int(i), int(e), int(n)) for s, i, e, n in rows])
+
+
+def fold_cards(rows: Iterable[tuple[int, int, int, int]]) -> CardSummary:
+    """From (state, interval bin, ease bin, cards) rows; new cards stay out of the histograms."""
+    states: Counter[int] = Counter()
+    intervals: Counter[int] = Counter()
+    eases: Counter[int] = Counter()
+    for state, interval_bin, ease_bin, count in rows:
+        states[state] += count
+        if state != STATE_NEW:
+            intervals[interval_bin] += count
+            eases[ease_bin] += count
+    return CardSummary(
+        CardStates(states[STATE_NEW], states[STATE_LEARNING], states[STATE_YOUNG], states[STATE_MATURE]),
+        histogram(dict(intervals), INTERVAL_BINS),
+        histogram(dict(eases), EASE_BINS),
+    )
 
 
 def histogram(counts: dict[int, int], bins: Sequence[tuple[str, float]]) -> list[tuple[str, int]]:
     """(label, count) for every bin, empty ones included, from {bin index: count}."""
     return [(label, counts.get(index, 0)) for index, (label, _) in enumerate(bins)]
-
-
-def interval_histogram(session: Session) -> list[tuple[str, int]]:
-    """Reviewed cards by their current interval."""
-    bin_of = _bin_case(Card.interval, INTERVAL_BINS)
-    rows = session.exec(
-        select(bin_of, func.count()).where(Card.retired.is_(False), Card.due_day.is_not(None)).group_by(bin_of)
-    ).all()
-    return histogram({int(b): int(n) for b, n in rows}, INTERVAL_BINS)
-
-
-def ease_histogram(session: Session) -> list[tuple[str, int]]:
-    """Reviewed cards by their SM-2 easiness (EF)."""
-    bin_of = _bin_case(Card.easiness, EASE_BINS, EASE_SLACK)
-    rows = session.exec(
-        select(bin_of, func.count()).where(Card.retired.is_(False), Card.due_day.is_not(None)).group_by(bin_of)
-    ).all()
-    return histogram({int(b): int(n) for b, n in rows}, EASE_BINS)
 
 
 # --- the review log, per study day -------------------------------------------------------------
@@ -339,13 +350,24 @@ def topic_groups(session: Session, today: date, since: date) -> tuple[list[tuple
                func.sum(case((reviewed, Card.easiness), else_=0.0)), func.sum(case((Card.due_day <= today, 1), else_=0)))
         .where(Card.retired.is_(False)).group_by(*keys)
     ).all()
-    lapsed = case((ReviewLog.quality < PASS_GRADE, ReviewLog.card_id), else_=None)
-    reviews = session.exec(
-        select(*keys, func.count(), func.sum(case((ReviewLog.quality >= PASS_GRADE, 1), else_=0)),
-               func.count(distinct(lapsed)), func.count(distinct(ReviewLog.card_id)))
-        .join(Card, Card.id == ReviewLog.card_id)
+    # Per card first, from the window alone (the day index), then onto the cards by primary key:
+    # the join never walks the whole log.
+    per_card = (
+        select(
+            ReviewLog.card_id.label("card_id"),
+            func.count().label("reviews"),
+            func.sum(case((ReviewLog.quality >= PASS_GRADE, 1), else_=0)).label("passed"),
+            func.max(case((ReviewLog.quality < PASS_GRADE, 1), else_=0)).label("lapsed"),
+        )
         .where(_live(), ReviewLog.study_day >= since, ReviewLog.study_day <= today,
-               ReviewLog.was_new.is_(False), ReviewLog.is_repeat.is_(False), Card.retired.is_(False))
+               ReviewLog.was_new.is_(False), ReviewLog.is_repeat.is_(False))
+        .group_by(ReviewLog.card_id)
+        .subquery()
+    )
+    reviews = session.exec(
+        select(*keys, func.sum(per_card.c.reviews), func.sum(per_card.c.passed), func.sum(per_card.c.lapsed), func.count())
+        .select_from(per_card).join(Card, Card.id == per_card.c.card_id)
+        .where(Card.retired.is_(False))
         .group_by(*keys)
     ).all()
     return [tuple(row) for row in cards], [tuple(row) for row in reviews]

@@ -129,10 +129,11 @@ def built(app):
 
 def test_card_states_and_histograms_in_sql(built):
     with Session(get_engine(built)) as session:
-        assert stats.card_states(session) == stats.CardStates(new=1, learning=1, young=2, mature=1)
-        intervals = dict(stats.interval_histogram(session))
+        summary = stats.card_summary(session)
+        assert summary.states == stats.CardStates(new=1, learning=1, young=2, mature=1)
+        intervals = dict(summary.intervals)
         assert (intervals["1 d"], intervals["3–6 d"], intervals["3 wk–1 mo"], sum(intervals.values())) == (2, 1, 1, 4)
-        eases = dict(stats.ease_histogram(session))
+        eases = dict(summary.eases)
         assert (eases["1.3–1.5"], eases["1.7–1.9"], eases["2.3–2.5"], eases["2.5–2.7"], sum(eases.values())) == (1, 1, 1, 1, 4)
 
 

@@ -87,9 +87,8 @@ def index():
     time_first = today - timedelta(days=HISTORY_DAYS - 1)
     minutes = stats.minutes_per_day(rows, time_first, today)
     median = stats.median_ms(stats.duration_histogram(session, time_first, today))
-    states = stats.card_states(session)
-    intervals = stats.interval_histogram(session)
-    eases = stats.ease_histogram(session)
+    summary = stats.card_summary(session)
+    states, intervals, eases = summary.states, summary.intervals, summary.eases
     year = [day for week in weeks for day in week if day]
     months: dict[str, int] = {}
     for day, count in year:
