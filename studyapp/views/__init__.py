@@ -10,7 +10,8 @@
     /labs, /labs/<lab_id>       labs.index, labs.lab_page   claim, questions, Run this lab, results, past runs
     /labs/<lab_id>/runs  POST   labs.start_run    202 {"run_id"} (JSON) or back to the lab page (form)
     /labs/runs/<run_id>         labs.run_status   {"status", "result"}: the lab's JSON, or {"error"}
-    /stats                      stats.index       SVG charts: reviews, accuracy, due forecast
+    /stats                      stats.index       card states, intervals, ease, retention, calendar, time, forecast, mastery by topic
+    /stats/tags/<tag>           stats.tag         a topic's cards and its lab
     /exports/<name>.apkg        exports.download  built Anki decks, by exact name only
 
 Every POST needs the CSRF token (studyapp.csrf). Client errors render error.html, or JSON
