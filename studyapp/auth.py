@@ -316,6 +316,8 @@ def _minutes(seconds: float) -> str:
 
 @bp.post("/logout")
 def logout():
+    if not login_required():
+        return redirect("/")  # nothing to log out of; the session (its CSRF token) stays
     session.clear()
     return redirect(url_for("auth.login"), code=303)
 
