@@ -8,7 +8,7 @@ import yaml
 from conftest import ALPHA_DECK, write_bank
 from sqlmodel import Session, select
 
-from studyapp import cli
+from studyapp import auth, cli
 from studyapp.bank import parse_deck
 from studyapp.cli import serve as serve_cli
 from studyapp.db import get_engine
@@ -74,18 +74,58 @@ def test_import_quiz_writes_a_file_and_never_overwrites(runner, tmp_path):
     assert bad.exit_code == 1 and "must be a slug" in bad.output
 
 
+class FakeServer:
+    """Stands in for werkzeug's server: records what `serve` bound, serves nothing."""
+
+    def __init__(self, served: dict, host: str, port: int, app, **kwargs):
+        served.update(host=host, port=port, handler=kwargs.get("request_handler"))
+        self.socket = self
+        self.port = port or 5000
+
+    def getsockname(self):
+        return ("0.0.0.0", self.port)
+
+    def log_startup(self):
+        pass
+
+    def serve_forever(self):
+        pass
+
+
+def fake_server(monkeypatch) -> dict:
+    served: dict = {}
+    monkeypatch.setattr(serve_cli.serving, "make_server", lambda *args, **kwargs: FakeServer(served, *args, **kwargs))
+    return served
+
+
 def test_serve_syncs_then_serves_on_localhost(runner, app, bank_dir, monkeypatch):
-    served = {}
-    monkeypatch.setattr(serve_cli, "run_simple", lambda host, port, app, **kwargs: served.update(host=host, port=port))
+    served = fake_server(monkeypatch)
     write_bank(bank_dir, {"alpha": ALPHA_DECK})
     result = runner.invoke(args=["serve"])
     assert result.exit_code == 0, result.output
     assert "bank synced" in result.output and "2 retired" in result.output
     assert served["host"] == "127.0.0.1" and served["port"] == 5000
+    assert "login" not in result.output and not app.config["REQUIRE_LOGIN"], "loopback: no login"
+    assert not (Path(app.instance_path) / auth.TOKEN_FILE).exists()
+
+
+def test_serve_beyond_loopback_requires_the_login_and_prints_the_token_url_once(runner, app, monkeypatch):
+    served = fake_server(monkeypatch)
+    first = runner.invoke(args=["serve", "--host", "0.0.0.0"])
+    assert first.exit_code == 0, first.output
+    assert app.config["REQUIRE_LOGIN"] and app.config["SESSION_COOKIE_SAMESITE"] == "Strict"
+    token = (Path(app.instance_path) / auth.TOKEN_FILE).read_text().strip()
+    lines = [line for line in first.output.splitlines() if token in line]
+    assert len(lines) == 1 and lines[0].startswith("login required: open http://")
+    assert f":5000/login?token={token}" in lines[0] and "LAN addresses" in lines[0]
+    again = runner.invoke(args=["serve", "--host", "0.0.0.0"])
+    assert token not in again.output and "`studyapp token`" in again.output, "the token is printed once"
+    assert served["handler"] is serve_cli.RedactingRequestHandler
 
 
 def test_serve_refuses_to_start_on_a_bad_bank(runner, bank_dir, monkeypatch):
-    monkeypatch.setattr(serve_cli, "run_simple", lambda *args, **kwargs: (_ for _ in ()).throw(AssertionError("served")))
+    monkeypatch.setattr(serve_cli.serving, "make_server",
+                        lambda *args, **kwargs: (_ for _ in ()).throw(AssertionError("served")))
     write_bank(bank_dir, {"alpha": "id: alpha\ntitle: [unclosed\n"})
     result = runner.invoke(args=["serve"])
     assert result.exit_code == 1 and "YAML syntax error" in result.output

@@ -5,6 +5,7 @@ and the JSON API that runs it (through studyapp.lab_runs, never in this process)
     GET  /labs/<lab_id>                 labs.lab_page       claim, questions, "Run this lab", results
     GET  /labs/<lab_id>/results         labs.results        the results part alone (the page's JS swaps it in)
     POST /labs/<lab_id>/runs            labs.start_run      202 {"run_id": ...}; a form post redirects back
+                                                            (429 past the per-session limit, when login is required)
     GET  /labs/runs/<run_id>            labs.run_status     {"status": ..., "result": {...}}
 """
 
