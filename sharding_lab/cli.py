@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from sharding_lab import estimate
 from sharding_lab.labs.commands import register as register_labs  # list, run (no torch on import)
-from sharding_lab.run_config import DEVICES, RunConfig
+from sharding_lab.run_config import DEVICES, Placement, RunConfig
 from sharding_lab.strategies import NAMES, STRATEGIES
 
 if TYPE_CHECKING:
@@ -41,13 +41,20 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                         help="compare the full gradient with a single-process reference")
     parser.add_argument("--device", choices=DEVICES, default="cpu",
                         help="cpu (gloo) or cuda (NCCL, one GPU per rank); ignored under torchrun")
+    parser.add_argument(
+        "--placement", choices=[p.value for p in Placement], default="auto",
+        help="auto (default): one GPU per rank when there are enough, else a rank view; ranks; rank-view "
+        "(rank 0 of N in one process, fake process group: real memory, no data moved); shared-gpu "
+        "(N ranks on cuda:0 over gloo)",
+    )
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds before a hung run is ended")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
 def _run_config(args: argparse.Namespace, strategy: str, **options) -> RunConfig:
     return RunConfig.of(
-        strategy, world_size=args.world_size, device=args.device, size=args.size, prefetch=args.prefetch,
+        strategy, world_size=args.world_size, device=args.device, placement=args.placement, size=args.size,
+        prefetch=args.prefetch,
         mixed_precision=args.mixed_precision, check_gradients=args.check_gradients, **options,
     )
 
@@ -110,11 +117,15 @@ def _measure(runs: list[RunConfig], args: argparse.Namespace, description: str) 
         measure()
         return [None] * len(runs)
     if args.json or not sys.stderr.isatty():
-        return measure()
-    from rich.console import Console
+        measurements = measure()
+    else:
+        from rich.console import Console
 
-    with Console(stderr=True).status(description + " ...") as status:
-        return measure(lambda label: status.update(f"{description}: {label}"))
+        with Console(stderr=True).status(description + " ...") as status:
+            measurements = measure(lambda label: status.update(f"{description}: {label}"))
+    for note in dict.fromkeys(m.config.placement_note for m in measurements if m.config.placement_note):
+        print(f"sharding-lab: {note}", file=sys.stderr)  # what was asked and what was done instead
+    return measurements
 
 
 def _print_json(obj: dict) -> None:

@@ -66,7 +66,7 @@ class MeasuredConfig:
     strategy: Strategy
     world_size: int
     size: str
-    backend: str  # gloo or nccl
+    backend: str  # gloo, nccl, or fake in a rank view
     device: str  # "cpu", "cuda:0", ...
     torch_version: str
     prefetch: bool
@@ -81,6 +81,8 @@ class MeasuredConfig:
     warmup_steps: int
     timed_steps: int
     seed: int
+    placement: str = "ranks"  # ranks, rank-view (rank 0's memory only) or shared-gpu (run_config.Placement)
+    placement_note: str = ""  # what was asked, what the machine had, what was done instead
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "strategy", Strategy.parse(self.strategy))

@@ -7,11 +7,71 @@ labs that need the same configuration get the same measurement. No torch here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from typing import Any
 
 from sharding_lab.strategies import Strategy
 
 DEVICES: tuple[str, ...] = ("cpu", "cuda")  # cpu: gloo; cuda: NCCL, one GPU per rank
+
+
+class Placement(str, Enum):
+    """Where the N ranks of a run live."""
+
+    AUTO = "auto"  # real ranks when the devices suffice; otherwise a rank view (see resolve_placement)
+    RANKS = "ranks"  # N processes: gloo on CPU, NCCL with one GPU each on CUDA
+    RANK_VIEW = "rank-view"  # one process as rank 0 of N on torch's fake process group: real memory,
+    #                          collectives issued with their logical bytes but answered without moving data
+    SHARED_GPU = "shared-gpu"  # N processes on one GPU, over gloo: every collective makes a host round trip
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class PlacementChoice:
+    placement: Placement
+    note: str  # what was asked, what the machine has, what is done: "" when it is what was asked
+
+
+def resolve_placement(
+    requested: Placement, device: str, world_size: int, gpus: int, *, every_rank: bool = False
+) -> PlacementChoice:
+    """Where to run `world_size` ranks on `device` on a machine with `gpus` GPUs. `every_rank`: the caller
+    reads every rank's figures (labs), so with too few GPUs it gets real ranks sharing one GPU instead
+    of rank 0's view. ValueError, naming the counts, for what cannot run."""
+    if device == "cpu":
+        if requested is Placement.SHARED_GPU:
+            raise ValueError("--placement shared-gpu needs --device cuda")
+        return PlacementChoice(Placement.RANKS if requested is Placement.AUTO else requested, "")
+    if gpus < 1:
+        raise ValueError(
+            f"--device cuda asked for {world_size} rank(s), but torch sees no CUDA GPU on this machine; "
+            "use --device cpu"
+        )
+    plural = "GPU" if gpus == 1 else "GPUs"
+    if requested is Placement.RANKS and gpus < world_size:
+        raise ValueError(
+            f"{world_size} ranks with one GPU each need {world_size} GPUs; this machine has {gpus} {plural}. "
+            "Use --placement rank-view (rank 0's real memory, collectives not moved) or shared-gpu "
+            "(real ranks on one GPU over gloo)"
+        )
+    if requested is not Placement.AUTO:
+        return PlacementChoice(requested, "")
+    if gpus >= world_size:
+        return PlacementChoice(Placement.RANKS, "")
+    if every_rank:
+        return PlacementChoice(
+            Placement.SHARED_GPU,
+            f"{world_size} ranks asked on cuda; this machine has {gpus} {plural}: running {world_size} real ranks "
+            "on cuda:0 over gloo (each collective makes a host round trip; memory per rank is real)",
+        )
+    return PlacementChoice(
+        Placement.RANK_VIEW,
+        f"{world_size} ranks asked on cuda; this machine has {gpus} {plural}: measuring a rank view, rank 0 of "
+        f"{world_size} on cuda:0 with torch's fake process group (its memory is real; collectives are issued "
+        "with their logical bytes but move no data, so there are no communication timings)",
+    )
 
 
 @dataclass(frozen=True)
@@ -50,10 +110,12 @@ class RunConfig:
     check_gradients: bool = False  # compare the first step's gradient with a single-process reference
     seed: int = 0
     device: str = "cpu"
+    placement: Placement = Placement.AUTO
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "strategy", Strategy.parse(self.strategy))
         object.__setattr__(self, "model_overrides", tuple(sorted(dict(self.model_overrides).items())))
+        object.__setattr__(self, "placement", Placement(self.placement))
         if self.world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {self.world_size}")
         if self.device not in DEVICES:
@@ -95,7 +157,7 @@ class RunConfig:
             if getattr(self.options, name) != spec.default
         }
         for name, spec in RunConfig.__dataclass_fields__.items():
-            if name in ("strategy", "world_size", "options", "size", "device"):
+            if name in ("strategy", "world_size", "options", "size", "device", "placement"):
                 continue
             default = () if name == "model_overrides" else spec.default
             if getattr(self, name) != default:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -171,6 +172,33 @@ def with_category_peaks(tracker_class: type) -> type:
     return KeepsCategoryPeaks
 
 
+@contextmanager
+def multi_grad_hooks_removed_on_exit() -> Iterator[None]:
+    """Remove, on exit, every multi-grad hook the trackers' ModTracker registered inside.
+
+    ModTracker registers them on module inputs and outputs and never removes them. A hook whose grads
+    do not all arrive stays on its autograd node, and the node and the hook's closure hold each other
+    through C++, where `gc` cannot see the cycle; the closure reaches the tracker and so the model and
+    optimizer, which then outlive their configuration (and, on CUDA, keep their memory).
+    """
+    module = importlib.import_module("torch.distributed._tools.mod_tracker")
+    original = _attribute(module, "register_multi_grad_hook", _TRACKING)
+    handles = []
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        handle = original(*args, **kwargs)
+        handles.append(handle)
+        return handle
+
+    module.register_multi_grad_hook = recording
+    try:
+        yield
+    finally:
+        module.register_multi_grad_hook = original
+        for handle in handles:
+            handle.remove()
+
+
 def global_peak_only(tracker_class: type) -> type:
     """A subclass of FSDPMemTracker that keeps only the global peak, not each module's: its per-module
     peaks walk every tracked module on every dispatched op, a third of a large simulation's time."""
@@ -214,6 +242,7 @@ ACCESSORS: dict[str, Callable[[], Any]] = {
     "MemTracker with category peaks": lambda: with_category_peaks(mem_tracker_class()),
     "FSDPMemTracker with category peaks": lambda: with_category_peaks(fsdp_mem_tracker_class()),
     "FSDPMemTracker global peak": lambda: global_peak_only(fsdp_mem_tracker_class()),
+    "ModTracker's register_multi_grad_hook": lambda: multi_grad_hooks_removed_on_exit().__enter__(),
     "FakeTensorMode": lambda: fake_tensor_mode(),
     "FakeStore": fake_store,
     "autograd execution engine": lambda: _attribute(

@@ -385,6 +385,17 @@ def _first_grad_tensor(obj: Any) -> torch.Tensor | None:
     return next((t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad), None)
 
 
+def synchronous_allreduce_hook(process_group, bucket):  # noqa: ANN001 - DDP rejects string annotations
+    """DDP's average as `allreduce_hook` computes it, waited for and returned as a finished future: for
+    torch's fake process group (a rank view), whose works carry no result for DDP to read."""
+    tensor = bucket.buffer()
+    tensor.div_(dist.get_world_size(process_group))
+    dist.all_reduce(tensor, group=process_group)
+    future = torch.futures.Future()
+    future.set_result(tensor)
+    return future
+
+
 def _route_ddp_all_reduce_through_python(model: nn.Module) -> bool:
     """Give a DDP model the default all-reduce as a comm hook, so its all-reduce calls `dist.all_reduce`.
 
@@ -396,7 +407,7 @@ def _route_ddp_all_reduce_through_python(model: nn.Module) -> bool:
         return True
     hooks = internals.ddp_comm_hooks(model)
     if hooks:
-        return hooks == [allreduce_hook]
+        return hooks in ([allreduce_hook], [synchronous_allreduce_hook])
     if model.broadcast_buffers and next(model.module.buffers(), None) is not None:
         return False
     model.register_comm_hook(model.process_group, allreduce_hook)

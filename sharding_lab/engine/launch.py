@@ -7,6 +7,9 @@ explicitly. Two ways to get ranks:
 - On its own, it spawns `world_size` processes on this machine (CPU + gloo by default) that meet at a
   free port on 127.0.0.1. A rank that raises, dies or stops making progress ends the whole run with
   `RankFailed` naming that rank, and every process it started is gone when it returns or raises.
+  `Placement.SHARED_GPU` puts all of them on cuda:0 over gloo; `Placement.RANK_VIEW` starts one process
+  that is rank 0 of `world_size` on torch's fake process group (real memory, collectives answered
+  without moving data), and returns that one rank's result.
 - Under torchrun (RANK, WORLD_SIZE and LOCAL_RANK in the environment), this process is one rank:
   NCCL on cuda:LOCAL_RANK when CUDA is present, gloo on CPU otherwise, several nodes through
   torchrun's rendezvous. The results are exchanged so every rank returns the full list.
@@ -24,6 +27,7 @@ import os
 import queue
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +37,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from sharding_lab.run_config import Placement
 
 _LABEL_WIDTH = 96  # bytes of shared memory per rank for its last progress label
 
@@ -53,7 +59,7 @@ class RankContext:
     rank: int
     world_size: int
     local_rank: int
-    backend: str  # "gloo" or "nccl"
+    backend: str  # "gloo", "nccl", or "fake" in a rank view
     device: Any  # torch.device
     mesh: Any  # torch.distributed.device_mesh.DeviceMesh, 1-D over every rank, dim name "dp"
     _progress_counts: Any = field(default=None, repr=False)
@@ -78,21 +84,34 @@ def run_ranks(
     world_size: int,
     *args: Any,
     device: str = "cpu",
+    placement: Placement = Placement.RANKS,
     timeout_s: float = 600.0,
     on_progress: Callable[[str], None] | None = None,
 ) -> list[Any]:
-    """Run `fn(ctx, *args)` on `world_size` ranks and return their results in rank order.
+    """Run `fn(ctx, *args)` on `world_size` ranks and return their results in rank order (only rank 0's
+    in a rank view).
 
     `fn` must be importable by name (a module-level function), because ranks are fresh processes.
-    `device` is "cpu" (gloo) or "cuda" (NCCL, one GPU per rank); under torchrun the environment
-    decides and `world_size` must match WORLD_SIZE. `on_progress` receives rank 0's latest
-    `ctx.mark(...)` label whenever it changes (spawned ranks only).
+    `device` is "cpu" (gloo) or "cuda" (NCCL, one GPU per rank, unless `placement` says otherwise);
+    under torchrun the environment decides and `world_size` must match WORLD_SIZE. `on_progress`
+    receives rank 0's latest `ctx.mark(...)` label whenever it changes (spawned ranks only).
     """
     if under_torchrun():
         if int(os.environ["WORLD_SIZE"]) != world_size:
             raise ValueError(f"asked for {world_size} ranks but torchrun started {os.environ['WORLD_SIZE']}")
         return _run_under_torchrun(fn, args, timeout_s)
-    return _spawn_ranks(fn, world_size, args, device, timeout_s, on_progress)
+    if placement is Placement.AUTO:
+        raise ValueError("resolve Placement.AUTO first (run_config.resolve_placement)")
+    return _spawn_ranks(fn, world_size, args, device, placement, timeout_s, on_progress)
+
+
+def cuda_device_count() -> int:
+    """The CUDA GPUs torch sees, asked of a fresh interpreter so this process never imports torch."""
+    probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    completed = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    if completed.returncode != 0:
+        raise RuntimeError(f"could not ask torch for the CUDA devices: {completed.stderr.strip()[-500:]}")
+    return int(completed.stdout.strip().splitlines()[-1])
 
 
 def is_reporting_rank() -> bool:
@@ -103,19 +122,38 @@ def is_reporting_rank() -> bool:
 # --- inside a rank ----------------------------------------------------------------------------------
 
 
-def _init_rank(rank: int, world_size: int, local_rank: int, device_type: str, init_method: str, timeout_s: float):
+def _init_rank(
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    device_type: str,
+    init_method: str,
+    timeout_s: float,
+    placement: Placement = Placement.RANKS,
+):
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
+    gpu = 0 if placement in (Placement.RANK_VIEW, Placement.SHARED_GPU) else local_rank
     if device_type == "cuda":
-        torch.cuda.set_device(local_rank)
-        device, backend = torch.device("cuda", local_rank), "nccl"
+        if gpu >= torch.cuda.device_count():  # checked by the parent too; a rank never shows CUDA's own error
+            raise RuntimeError(
+                f"rank {rank} needs cuda:{gpu}, but this machine has {torch.cuda.device_count()} CUDA GPU(s)"
+            )
+        torch.cuda.set_device(gpu)
+        device, backend = torch.device("cuda", gpu), "nccl" if placement is Placement.RANKS else "gloo"
     else:
         device, backend = torch.device("cpu"), "gloo"
-    dist.init_process_group(
-        backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
-    )
+    if placement is Placement.RANK_VIEW:
+        from sharding_lab.engine import _torch_internals as internals
+
+        backend = "fake"
+        dist.init_process_group("fake", rank=rank, world_size=world_size, store=internals.fake_store())
+    else:
+        dist.init_process_group(
+            backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
+        )
     mesh = init_device_mesh(device_type, (world_size,), mesh_dim_names=("dp",))
     return device, backend, mesh
 
@@ -130,7 +168,9 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _rank_main(rank, world_size, init_method, device_type, timeout_s, fn, args, results, counts, labels, stack_dir):
+def _rank_main(
+    rank, world_size, init_method, device_type, placement, timeout_s, fn, args, results, counts, labels, stack_dir
+):
     _die_with_parent()
     # Stdout belongs to the parent (its --json output); a rank's prints go to stderr instead.
     os.dup2(2, 1)
@@ -138,7 +178,7 @@ def _rank_main(rank, world_size, init_method, device_type, timeout_s, fn, args, 
     stack_file = open(Path(stack_dir) / f"rank{rank}.txt", "w")  # noqa: SIM115 - open for the process's life
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     try:
-        device, backend, mesh = _init_rank(rank, world_size, rank, device_type, init_method, timeout_s)
+        device, backend, mesh = _init_rank(rank, world_size, rank, device_type, init_method, timeout_s, placement)
         ctx = RankContext(rank, world_size, rank, backend, device, mesh, counts, labels)
         ctx.mark("started")
         result = fn(ctx, *args)
@@ -196,21 +236,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn_ranks(fn, world_size: int, args: tuple, device_type: str, timeout_s: float, on_progress) -> list[Any]:
+def _spawn_ranks(
+    fn, world_size: int, args: tuple, device_type: str, placement: Placement, timeout_s: float, on_progress
+) -> list[Any]:
     context = mp.get_context("spawn")
     results = context.Queue()
-    counts = context.Array(ctypes.c_longlong, world_size, lock=False)
-    labels = context.Array(ctypes.c_char, world_size * _LABEL_WIDTH, lock=False)
+    processes_wanted = 1 if placement is Placement.RANK_VIEW else world_size
+    counts = context.Array(ctypes.c_longlong, processes_wanted, lock=False)
+    labels = context.Array(ctypes.c_char, processes_wanted * _LABEL_WIDTH, lock=False)
     init_method = f"tcp://127.0.0.1:{_free_port()}"
     with tempfile.TemporaryDirectory(prefix="sharding-lab-") as stack_dir:
         processes = [
             context.Process(
                 target=_rank_main,
-                args=(rank, world_size, init_method, device_type, timeout_s, fn, args, results, counts, labels, stack_dir),
+                args=(
+                    rank, world_size, init_method, device_type, placement, timeout_s, fn, args, results, counts,
+                    labels, stack_dir,
+                ),
                 name=f"sharding-lab-rank{rank}",
                 daemon=True,  # terminated by multiprocessing when the parent exits normally
             )
-            for rank in range(world_size)
+            for rank in range(processes_wanted)
         ]
         try:
             for process in processes:

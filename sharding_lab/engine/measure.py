@@ -14,21 +14,28 @@ Each configuration, on every rank:
 4. plain timed steps for `step_time_s` (the trackers slow a step down); on CUDA one of them runs under
    the profiler to see whether communication kernels overlapped compute kernels.
 
+Configurations in one launch are independent: before each, every rank collects garbage (FSDP2's
+modules sit in reference cycles), empties the CUDA cache and resets its peak statistics; after each,
+it checks that the configuration's model and optimizer are gone and CUDA's allocated bytes are back
+at their baseline, and fails loudly if not.
+
 Ranks return plain JSON values (they cross a process boundary); the parent types them.
 """
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 
 from sharding_lab import analytic
-from sharding_lab.engine.launch import RankContext, run_ranks, under_torchrun
+from sharding_lab.engine.launch import RankContext, cuda_device_count, run_ranks, under_torchrun
 from sharding_lab.measurement import Measurement
-from sharding_lab.run_config import RunConfig
+from sharding_lab.run_config import Placement, PlacementChoice, RunConfig, resolve_placement
 
 
 def measure(config: RunConfig, *, timeout_s: float = 600.0) -> Measurement:
@@ -37,36 +44,61 @@ def measure(config: RunConfig, *, timeout_s: float = 600.0) -> Measurement:
 
 
 def measure_many(
-    configs: Sequence[RunConfig], *, timeout_s: float = 600.0, on_progress: Callable[[str], None] | None = None
+    configs: Sequence[RunConfig],
+    *,
+    timeout_s: float = 600.0,
+    on_progress: Callable[[str], None] | None = None,
+    every_rank: bool = False,
 ) -> list[Measurement]:
-    """Measure each configuration in one launch; they must share a world size and a device."""
+    """Measure each configuration in one launch; they must share a world size, device and placement.
+
+    `every_rank`: the caller needs every rank's figures, so with fewer GPUs than ranks the ranks share
+    one GPU instead of measuring rank 0's view (see run_config.resolve_placement).
+    """
     if not configs:
         return []
-    world_size, device = configs[0].world_size, configs[0].device
+    first = configs[0]
     for config in configs:
-        if (config.world_size, config.device) != (world_size, device):
+        if (config.world_size, config.device, config.placement) != (first.world_size, first.device, first.placement):
             raise ValueError(
-                f"one launch runs one world size on one device: {config.label} asks for "
-                f"{config.world_size} ranks on {config.device}, the first for {world_size} on {device}"
+                f"one launch runs one world size on one device and placement: {config.label} asks for "
+                f"{config.world_size} ranks on {config.device} ({config.placement}), the first for "
+                f"{first.world_size} on {first.device} ({first.placement})"
             )
-        if config.options.mixed_precision and config.strategy.uses_ddp and device != "cuda" and not under_torchrun():
+    choice = _placement(first, every_rank)
+    for config in configs:
+        if config.options.mixed_precision and config.strategy.uses_ddp and first.device != "cuda" and not under_torchrun():
             raise ValueError(f"{config.strategy} with mixed precision needs CUDA (DDP's mixed precision uses CUDA events)")
+        if config.check_gradients and choice.placement is Placement.RANK_VIEW:
+            raise ValueError("gradient parity needs real ranks: in a rank view collectives move no data")
     if on_progress:
-        on_progress(f"starting {world_size} ranks for {len(configs)} configuration(s)")
+        on_progress(choice.note or f"starting {first.world_size} ranks for {len(configs)} configuration(s)")
     per_rank = run_ranks(
-        _measure_on_rank, world_size, list(configs), device=device, timeout_s=timeout_s, on_progress=on_progress
+        _measure_on_rank, first.world_size, list(configs), device=first.device, placement=choice.placement,
+        timeout_s=timeout_s, on_progress=on_progress,
     )
-    return [_combine(config, [rank_results[i] for rank_results in per_rank]) for i, config in enumerate(configs)]
+    return [
+        _combine(config, choice, [rank_results[i] for rank_results in per_rank]) for i, config in enumerate(configs)
+    ]
+
+
+def _placement(config: RunConfig, every_rank: bool) -> PlacementChoice:
+    if under_torchrun():
+        return PlacementChoice(Placement.RANKS, "")
+    gpus = cuda_device_count() if config.device == "cuda" else 0
+    return resolve_placement(config.placement, config.device, config.world_size, gpus, every_rank=every_rank)
 
 
 # --- the parent's side: one Measurement per configuration ---------------------------------------------
 
 
-def _combine(config: RunConfig, ranks: list[dict]) -> Measurement:
+def _combine(config: RunConfig, choice: PlacementChoice, ranks: list[dict]) -> Measurement:
     first = ranks[0]
     measured_config = {
         "strategy": str(config.strategy),
-        "world_size": len(ranks),
+        "world_size": config.world_size,
+        "placement": str(choice.placement),
+        "placement_note": choice.note,
         "size": config.size,
         **first["config"],
         "prefetch": config.options.prefetch,
@@ -118,9 +150,42 @@ def _measure_on_rank(ctx: RankContext, configs: list[RunConfig]) -> list[dict]:
         torch.set_num_threads(1)  # ranks share the machine's cores; oversubscription only adds noise
     results = []
     for index, config in enumerate(configs):
-        results.append(_measure_one(ctx, config, index, len(configs)))
+        baseline = _start_clean(ctx)
+        alive: list[weakref.ref] = []
+        results.append(_measure_one(ctx, config, index, len(configs), alive))
+        _check_released(ctx, config, baseline, alive)
         torch.distributed.barrier()
     return results
+
+
+def _start_clean(ctx: RankContext) -> int:
+    """Free what earlier configurations left (FSDP2's modules sit in reference cycles) and reset the CUDA
+    peak, so this configuration's figures are its own; the CUDA bytes still allocated (0 on CPU)."""
+    import torch
+
+    gc.collect()
+    if ctx.device.type != "cuda":
+        return 0
+    torch.cuda.synchronize(ctx.device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(ctx.device)
+    return torch.cuda.memory_allocated(ctx.device)
+
+
+def _check_released(ctx: RankContext, config: RunConfig, baseline: int, alive: list[weakref.ref]) -> None:
+    """Fail loudly if the configuration outlived itself: its model or optimizer still referenced, or
+    CUDA bytes allocated beyond the baseline it started from."""
+    import torch
+
+    gc.collect()
+    survivors = [type(obj).__name__ for ref in alive if (obj := ref()) is not None]
+    if survivors:
+        raise RuntimeError(f"{config.label}: {', '.join(survivors)} still alive after the configuration ended")
+    if ctx.device.type == "cuda":
+        torch.cuda.synchronize(ctx.device)
+        left = torch.cuda.memory_allocated(ctx.device) - baseline
+        if left > 0:
+            raise RuntimeError(f"{config.label}: {left:,} CUDA bytes still allocated after the configuration ended")
 
 
 def _build(ctx: RankContext, config: RunConfig):
@@ -148,6 +213,11 @@ def _build(ctx: RankContext, config: RunConfig):
         with torch.no_grad():
             model.init_weights()
         model, make_optimizer = parallelize(model, config.strategy, ctx.mesh, config.options)
+        if ctx.backend == "fake":
+            # The fake process group's works carry no result, which DDP's built-in all-reduce needs.
+            from sharding_lab.engine.comm import synchronous_allreduce_hook
+
+            model.register_comm_hook(ctx.mesh.get_group(), synchronous_allreduce_hook)
     return model_config, model, make_optimizer()
 
 
@@ -161,7 +231,7 @@ def _batch(model_config, config: RunConfig, rank: int, step: int, device):
     return tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
 
 
-def _measure_one(ctx: RankContext, config: RunConfig, index: int, count: int) -> dict:
+def _measure_one(ctx: RankContext, config: RunConfig, index: int, count: int, alive: list[weakref.ref]) -> dict:
     import torch
 
     from sharding_lab.engine.comm import CommTracker
@@ -172,6 +242,7 @@ def _measure_one(ctx: RankContext, config: RunConfig, index: int, count: int) ->
     ctx.mark(f"{label}: build")
     model_config, model, optimizer = _build(ctx, config)
     inner = getattr(model, "module", model)
+    alive += [weakref.ref(model), weakref.ref(optimizer)]
 
     def train_step(step: int, tracker: CommTracker | None = None, memory: MemoryTracker | None = None) -> float:
         idx, targets = _batch(model_config, config, ctx.rank, step, ctx.device)
@@ -200,17 +271,23 @@ def _measure_one(ctx: RankContext, config: RunConfig, index: int, count: int) ->
         else:
             train_step(step)
 
-    # The measured step.
+    # The measured step. The cycle collector stays off during it, so when it happens to run cannot move
+    # the figures (the warm-up steps leave FSDP2's reference cycles behind).
     step = config.warmup_steps
-    memory = MemoryTracker(model, optimizer, ctx.device)
-    with memory:
-        # Hooks go on after the memory tracker has re-registered FSDP's own (it wraps them), so the
-        # timeline's module events sit where they should relative to FSDP's.
-        comm = CommTracker(model, ctx.world_size)
-        with comm:
-            loss = train_step(step, comm, memory)
-            memory.mark_persistent()
-        comm.remove_hooks()
+    gc.collect()
+    gc.disable()
+    try:
+        memory = MemoryTracker(model, optimizer, ctx.device)
+        with memory:
+            # Hooks go on after the memory tracker has re-registered FSDP's own (it wraps them), so the
+            # timeline's module events sit where they should relative to FSDP's.
+            comm = CommTracker(model, ctx.world_size)
+            with comm:
+                loss = train_step(step, comm, memory)
+                memory.mark_persistent()
+            comm.remove_hooks()
+    finally:
+        gc.enable()
     # Read now: gradients are still present (no zero_grad yet) and the CUDA peak is this step's.
     memory_result = {"rank": ctx.rank, **model_state_bytes(model, optimizer, ctx.world_size), **memory.result()}
 

@@ -145,11 +145,16 @@ class MemoryTracker:
     def __enter__(self) -> MemoryTracker:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
+        self._hooks = internals.multi_grad_hooks_removed_on_exit()
+        self._hooks.__enter__()
         self._tracker.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._tracker.__exit__(*exc)
+        try:
+            self._tracker.__exit__(*exc)
+        finally:
+            self._hooks.__exit__(*exc)
 
     def _current(self) -> dict:
         return self._tracker.get_tracker_snapshot("current").get(self._device_key(), {})

@@ -93,7 +93,11 @@ def measure_configs(
             names = ", ".join(config.label for config in distinct)
             on_progress(f"launching {world_size} rank{'s' if world_size > 1 else ''}: {names}")
         started = time.perf_counter()
-        results = measure_many(distinct, on_progress=on_status)
+        # Labs read every rank's figures: with fewer GPUs than ranks, real ranks share one GPU.
+        results = measure_many(distinct, on_progress=on_status, every_rank=True)
+        for note in {m.config.placement_note for m in results if m.config.placement_note}:
+            if on_progress:
+                on_progress(note)
         seconds[world_size] = time.perf_counter() - started
         measured.update(zip(distinct, results, strict=True))
     return measured, seconds
