@@ -172,6 +172,11 @@ def with_category_peaks(tracker_class: type) -> type:
     return KeepsCategoryPeaks
 
 
+def mod_tracker_multi_grad_hook() -> Callable:
+    """The `register_multi_grad_hook` ModTracker calls, looked up in its module's namespace."""
+    return _load("torch.distributed._tools.mod_tracker", "register_multi_grad_hook", _TRACKING)
+
+
 @contextmanager
 def multi_grad_hooks_removed_on_exit() -> Iterator[None]:
     """Remove, on exit, every multi-grad hook the trackers' ModTracker registered inside.
@@ -182,7 +187,7 @@ def multi_grad_hooks_removed_on_exit() -> Iterator[None]:
     optimizer, which then outlive their configuration (and, on CUDA, keep their memory).
     """
     module = importlib.import_module("torch.distributed._tools.mod_tracker")
-    original = _attribute(module, "register_multi_grad_hook", _TRACKING)
+    original = mod_tracker_multi_grad_hook()
     handles = []
 
     def recording(*args: Any, **kwargs: Any) -> Any:
@@ -242,7 +247,7 @@ ACCESSORS: dict[str, Callable[[], Any]] = {
     "MemTracker with category peaks": lambda: with_category_peaks(mem_tracker_class()),
     "FSDPMemTracker with category peaks": lambda: with_category_peaks(fsdp_mem_tracker_class()),
     "FSDPMemTracker global peak": lambda: global_peak_only(fsdp_mem_tracker_class()),
-    "ModTracker's register_multi_grad_hook": lambda: multi_grad_hooks_removed_on_exit().__enter__(),
+    "ModTracker's register_multi_grad_hook": mod_tracker_multi_grad_hook,
     "FakeTensorMode": lambda: fake_tensor_mode(),
     "FakeStore": fake_store,
     "autograd execution engine": lambda: _attribute(
