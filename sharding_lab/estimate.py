@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal, InvalidOperation
 
 from sharding_lab.analytic import bytes_per_param, communication_bytes_per_step, model_states_bytes_per_rank
 from sharding_lab.strategies import MODEL_STATE_PARTS, STRATEGIES
@@ -80,9 +80,11 @@ def table1() -> list[dict]:
 
 
 def paper_style(gigabytes: float) -> str:
-    """A GB figure printed the way Table 1 prints it: 3 significant figures, whole numbers from 100."""
+    """A GB figure printed the way Table 1 prints it: from 100 GB whole GB, truncated (1T at DP 1024:
+    4011.7 is printed 4011); below, 3 significant figures rounded half up (7.5B at DP 64: 1.875 is 1.88)."""
     decimals = 0 if gigabytes >= 100 else 1 if gigabytes >= 10 else 2
-    rounded = Decimal(repr(gigabytes)).quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP)
+    rounding = ROUND_DOWN if decimals == 0 else ROUND_HALF_UP
+    rounded = Decimal(repr(gigabytes)).quantize(Decimal(1).scaleb(-decimals), rounding=rounding)
     text = f"{rounded:f}"
     return text.rstrip("0").rstrip(".") if "." in text else text
 
