@@ -76,39 +76,55 @@ def model_states_bytes_per_rank(
     return result
 
 
+# Element sizes on the wire. The paper's mixed precision moves fp16 everywhere (2 B); FSDP2's
+# MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), as this engine runs it, all-gathers bf16
+# parameters (2 B) but reduce-scatters fp32 gradients (4 B); DDP's mixed precision reduces in fp32 too.
+FP32_WIRE = {"gather": 4, "reduce": 4}
+PAPER_MIXED_PRECISION_WIRE = {"gather": 2, "reduce": 2}
+PYTORCH_MIXED_PRECISION_WIRE = {"gather": 2, "reduce": 4}
+
+
 def communication_bytes_per_step(
-    num_params: int, world_size: int, strategy: Strategy | str, *, bytes_per_element: int = 4
+    num_params: int,
+    world_size: int,
+    strategy: Strategy | str,
+    *,
+    bytes_per_element: int | None = None,
+    gather_bytes_per_element: int = 4,
+    reduce_bytes_per_element: int = 4,
 ) -> dict:
     """Communication one rank takes part in per training step.
 
-    `elements` and `bytes` follow the paper's accounting (2Ψ for DDP and stages
-    1-2, 3Ψ for stage 3, whatever N). `wire_bytes` is derived from ring
-    algorithms: all-gather and reduce-scatter send (N-1)/N·S per rank, all-reduce
-    2(N-1)/N·S; it is 0 on one rank. `collectives` lists what runs, in order.
+    `elements` follow the paper's accounting (2Ψ for DDP and stages 1-2, 3Ψ for stage 3, whatever N).
+    Each collective's bytes use its element size: all-gathers (and broadcasts) move parameters at
+    `gather_bytes_per_element`, reduce-scatters and all-reduces move gradients at
+    `reduce_bytes_per_element`; `bytes_per_element` sets both. `wire_bytes` is derived from ring
+    algorithms: all-gather and reduce-scatter send (N-1)/N·S per rank, all-reduce 2(N-1)/N·S; it is 0
+    on one rank. `collectives` lists what runs, in order.
     """
     _check_counts(num_params, world_size)
+    if bytes_per_element is not None:
+        gather_bytes_per_element = reduce_bytes_per_element = bytes_per_element
     plan = Strategy.parse(strategy)
-    buffer_bytes = num_params * bytes_per_element
-    elements = plan.communication_multiple * num_params
     collectives = []
-    wire_bytes = 0
     for collective in plan.collectives_per_step:
-        op_wire_bytes = ring_wire_bytes(collective.op, buffer_bytes, world_size)
-        wire_bytes += op_wire_bytes
+        reduces = collective.op in ("reduce_scatter", "all_reduce")
+        buffer_bytes = num_params * (reduce_bytes_per_element if reduces else gather_bytes_per_element)
         collectives.append(
             {
                 "op": collective.op,
                 "phase": collective.phase,
                 "elements": num_params,
                 "bytes": buffer_bytes,
-                "wire_bytes": op_wire_bytes,
+                "wire_bytes": ring_wire_bytes(collective.op, buffer_bytes, world_size),
             }
         )
     return {
-        "elements": elements,
-        "bytes": elements * bytes_per_element,
+        "elements": plan.communication_multiple * num_params,
+        # The paper counts an all-reduce twice: a reduce-scatter plus an all-gather.
+        "bytes": sum((2 if c["op"] == "all_reduce" else 1) * c["bytes"] for c in collectives),
         "multiple_of_params": plan.communication_multiple,
-        "wire_bytes": wire_bytes,
+        "wire_bytes": sum(c["wire_bytes"] for c in collectives),
         "wire_bytes_derived_from": "ring all-gather/reduce-scatter (N-1)/N*S, all-reduce 2(N-1)/N*S",
         "collectives": collectives,
     }

@@ -15,7 +15,13 @@ import json
 import re
 from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal, InvalidOperation
 
-from sharding_lab.analytic import bytes_per_param, communication_bytes_per_step, model_states_bytes_per_rank
+from sharding_lab.analytic import (
+    PAPER_MIXED_PRECISION_WIRE,
+    PYTORCH_MIXED_PRECISION_WIRE,
+    bytes_per_param,
+    communication_bytes_per_step,
+    model_states_bytes_per_rank,
+)
 from sharding_lab.strategies import MODEL_STATE_PARTS, STRATEGIES
 
 GB = 10**9  # the ZeRO paper's GB: 7.5B params x 16 B = 120 GB
@@ -44,25 +50,38 @@ def parse_param_count(text: str) -> int:
 
 
 def analytic_report(num_params: int, world_size: int, *, mixed_precision: bool = False) -> dict:
-    """The analytic figures for every strategy, as the --json object carries them."""
+    """The analytic figures for every strategy, as the --json object carries them.
+
+    With mixed precision, `communication_per_step` is the paper's (fp16 on the wire throughout) and
+    `communication_per_step_pytorch` what PyTorch's mixed precision moves (bf16 all-gathers, fp32
+    reductions: FSDP2's MixedPrecisionPolicy as the engine runs it, and DDP's).
+    """
     per_param = bytes_per_param(mixed_precision=mixed_precision)
+    wire = PAPER_MIXED_PRECISION_WIRE if mixed_precision else {"gather": 4, "reduce": 4}
+    strategies = {}
+    for strategy in STRATEGIES:
+        figures = {
+            "model_states_bytes_per_rank": model_states_bytes_per_rank(
+                num_params, world_size, strategy, mixed_precision=mixed_precision
+            ),
+            "communication_per_step": communication_bytes_per_step(
+                num_params, world_size, strategy,
+                gather_bytes_per_element=wire["gather"], reduce_bytes_per_element=wire["reduce"],
+            ),
+        }
+        if mixed_precision:
+            pytorch = PYTORCH_MIXED_PRECISION_WIRE if strategy.fully_sharded else {"gather": 4, "reduce": 4}
+            figures["communication_per_step_pytorch"] = communication_bytes_per_step(
+                num_params, world_size, strategy,
+                gather_bytes_per_element=pytorch["gather"], reduce_bytes_per_element=pytorch["reduce"],
+            )
+        strategies[str(strategy)] = figures
     return {
         "params": num_params,
         "world_size": world_size,
         "mixed_precision": mixed_precision,
         "bytes_per_param": per_param,
-        "strategies": {
-            str(strategy): {
-                "model_states_bytes_per_rank": model_states_bytes_per_rank(
-                    num_params, world_size, strategy, mixed_precision=mixed_precision
-                ),
-                # Mixed precision communicates fp16 gradients and parameters.
-                "communication_per_step": communication_bytes_per_step(
-                    num_params, world_size, strategy, bytes_per_element=per_param["params"]
-                ),
-            }
-            for strategy in STRATEGIES
-        },
+        "strategies": strategies,
     }
 
 
@@ -130,6 +149,20 @@ def _render_analytic(report: dict, console) -> None:
             format_bytes(comm["wire_bytes"]),
         )
     console.print(table)
+    if report["mixed_precision"]:
+        pytorch = Table(title="Communication per step with PyTorch's mixed precision (bf16 gathers, fp32 reductions)")
+        for column in ("strategy", "comm/step", "wire"):
+            pytorch.add_column(column, justify="left" if column == "strategy" else "right")
+        for strategy, figures in report["strategies"].items():
+            comm = figures["communication_per_step_pytorch"]
+            pytorch.add_row(strategy, format_bytes(comm["bytes"]), format_bytes(comm["wire_bytes"]))
+        console.print(pytorch)
+        console.print(
+            "With mixed precision the paper moves fp16 throughout; PyTorch (FSDP2's MixedPrecisionPolicy "
+            "with bf16 parameters and fp32 reduction, as the engine runs it; DDP's likewise) all-gathers bf16 "
+            "but reduces fp32 gradients, and keeps fp32 sharded parameters, gradients and 8-byte Adam state "
+            "(4/4/8 bytes per parameter against the paper's 2/2/12)."
+        )
     console.print(
         "comm/step: the paper's volume per rank, 2Ψ elements for ddp, zero1, zero2 and 3Ψ for zero3; "
         "wire: per-rank bytes sent, "

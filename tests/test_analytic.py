@@ -180,3 +180,13 @@ def test_paper_style_prints_like_table1(gigabytes, printed):
 
 def test_every_strategy_is_covered():
     assert STRATEGIES == ("ddp", "zero1", "zero2", "zero3")  # ZeRO-stage order
+
+
+def test_mixed_precision_communication_counts_each_collective_in_its_own_dtype():
+    # PyTorch's mixed precision: bf16 all-gathers (2 B), fp32 reduce-scatters (4 B); Ψ = 1000 at N = 4.
+    zero3 = communication_bytes_per_step(1000, 4, "zero3", gather_bytes_per_element=2, reduce_bytes_per_element=4)
+    assert [c["bytes"] for c in zero3["collectives"]] == [2000, 2000, 4000]
+    assert zero3["bytes"] == 8000 and zero3["wire_bytes"] == 1500 + 1500 + 3000
+    # The paper's accounting counts DDP's all-reduce twice: 2Ψ elements, 8000 B in fp32.
+    assert communication_bytes_per_step(1000, 4, "ddp")["bytes"] == 8000
+    assert communication_bytes_per_step(1000, 4, "ddp", bytes_per_element=2)["bytes"] == 4000

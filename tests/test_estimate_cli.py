@@ -83,6 +83,10 @@ def test_json_has_model_states_per_strategy(capsys):
     assert comm["elements"] == 3 * psi
     assert comm["bytes"] == 6 * psi
     assert report["strategies"]["ddp"]["communication_per_step"]["elements"] == 2 * psi
+    # PyTorch's mixed precision beside it: bf16 gathers (2Ψ + 2Ψ bytes), an fp32 reduce-scatter (4Ψ).
+    assert report["strategies"]["zero3"]["communication_per_step_pytorch"]["bytes"] == 8 * psi
+    # DDP reduces fp32 gradients: the paper's 2Ψ elements at 4 bytes.
+    assert report["strategies"]["ddp"]["communication_per_step_pytorch"]["bytes"] == 8 * psi
 
 
 def test_fp32_json(capsys):

@@ -202,6 +202,10 @@ def test_mixed_precision_gathers_bf16_and_reduces_fp32():
     assert sum(c["bytes"] for c in gathers if c["phase"] == "forward") == 2 * m["config"]["num_params"]
     # The sharded (master) parameters stay fp32.
     assert part(m, "params") == part(measurements()["zero3"], "params")
+    # Predicted in the dtypes moved: bf16 gathers in forward and backward (2Ψ + 2Ψ B), an fp32
+    # reduce-scatter (4Ψ B); fp32 throughout would be 12Ψ.
+    psi = m["config"]["num_params"]
+    assert m["predicted"]["communication_bytes_per_step"]["bytes"] == 8 * psi == 480_768
 
 
 def plain_values(obj, path="m") -> list[str]:

@@ -125,17 +125,29 @@ def _combine(config: RunConfig, choice: PlacementChoice, ranks: list[dict]) -> M
 
 
 def _predicted(config: RunConfig, num_params: int, padded_num_params: int) -> dict:
-    """The analytic model's figures for this run."""
+    """The analytic model's figures for this run, in the dtypes this run moves."""
     strategy, n = config.strategy, config.world_size
     padded = padded_num_params if strategy.fully_sharded else None
-    # fp32 master parameters and gradients are what both our fp32 and mixed-precision runs keep
-    # between steps (bf16 copies exist only while gathered), so the fp32 accounting applies.
+    # Mixed precision here is PyTorch's: bf16 all-gathers of parameters, fp32 reductions of gradients
+    # (FSDP2's MixedPrecisionPolicy and DDP's mixed precision alike); the paper's moves fp16 throughout.
+    wire = analytic.PYTORCH_MIXED_PRECISION_WIRE if config.options.mixed_precision else analytic.FP32_WIRE
+    if config.options.mixed_precision and strategy.uses_ddp:
+        wire = analytic.FP32_WIRE  # DDP reduces fp32 gradients; ZeRO-1 broadcasts fp32 parameters
+    communication = "bf16 all-gathers, fp32 reductions" if wire["gather"] == 2 else "fp32 on the wire"
+    # The sharded (master) parameters, gradients and Adam state stay fp32 under PyTorch's mixed
+    # precision (bf16 copies exist only while gathered), so model states use fp32 Adam's 4 + 4 + 8.
     return {
         "model_states_bytes_per_rank": analytic.model_states_bytes_per_rank(
             num_params, n, strategy, padded_num_params=padded
         ),
-        "communication_bytes_per_step": analytic.communication_bytes_per_step(num_params, n, strategy),
-        "accounting": "fp32 Adam (4+4+8 bytes per parameter), FSDP padding included for zero2/zero3",
+        "communication_bytes_per_step": analytic.communication_bytes_per_step(
+            num_params, n, strategy,
+            gather_bytes_per_element=wire["gather"], reduce_bytes_per_element=wire["reduce"],
+        ),
+        "accounting": (
+            "model states: fp32 Adam (4+4+8 bytes per parameter), FSDP padding included for zero2/zero3; "
+            f"communication: the paper's collectives, {communication}"
+        ),
         "differences": strategy.known_differences,
     }
 
