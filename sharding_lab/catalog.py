@@ -80,7 +80,7 @@ CATALOG: tuple[LabInfo, ...] = (
     LabInfo(
         "adam-optimizer-state",
         "Adam's optimizer state against the model",
-        "Adam keeps two fp32 values per parameter, 2x the fp32 parameter bytes (12 bytes per parameter with mixed precision).",
+        "Adam keeps two fp32 values per parameter, 2x the fp32 parameter bytes; with PyTorch's mixed precision a rank still keeps 4/4/8 bytes per parameter (fp32 shards as master weights), where the ZeRO paper counts 2/2/12.",
         ("zero-adam-state",),
     ),
     LabInfo(

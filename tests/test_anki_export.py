@@ -171,8 +171,9 @@ def test_every_question_is_a_note_with_the_expected_fields(tmp_path, collection)
         "WhyWrong": '<ul class="mc-why-wrong"><li data-choice="2"><i>Wrong answer to zero-q1</i>: Why zero-q1\'s distractor is wrong.</li>'
                     '<li data-choice="3"><i>Another wrong answer to zero-q1</i>: Because it moves no data.</li></ul>',
         "LabTitle": "Adam's optimizer state against the model",
-        "LabClaim": "Adam keeps two fp32 values per parameter, 2x the fp32 parameter bytes "
-                    "(12 bytes per parameter with mixed precision).",
+        "LabClaim": "Adam keeps two fp32 values per parameter, 2x the fp32 parameter bytes; with PyTorch's "
+                    "mixed precision a rank still keeps 4/4/8 bytes per parameter (fp32 shards as master weights), "
+                    "where the ZeRO paper counts 2/2/12.",
         "LabCommand": "sharding-lab run adam-optimizer-state",
         "LabResult": '<p class="mc-lab-pending">Not run yet: run the command above (or "Run this lab" in the study app) '
                      "to measure it.</p>",

@@ -210,6 +210,17 @@ def test_check_fails_on_doctored_measurements(measured, lab_id):
     assert LABS[lab_id].check(from_json(raw)).holds is False
 
 
+def test_the_adam_lab_fails_when_the_mixed_precision_run_is_fp32_or_keeps_the_papers_layout(measured):
+    from sharding_lab.labs.model_state_labs import MIXED
+
+    measurements = lab_measurements(measured, "adam-optimizer-state")
+    fp32_instead = {**measurements, MIXED: other(measured, "zero3")}
+    assert LABS["adam-optimizer-state"].check(fp32_instead).holds is False
+    raw = as_json(measurements)
+    _set_ranks(raw[MIXED], "optimizer_bytes", lambda r: 3 * r["optimizer_bytes"] // 2)  # K = 12
+    assert LABS["adam-optimizer-state"].check(from_json(raw)).holds is False
+
+
 def test_doctoring_does_not_leak_into_the_shared_measurements(measured):
     zero3 = other(measured, "zero3")
     assert zero3.part_bytes("optimizer") == [8 * zero3.num_params // WORLD_SIZE] * WORLD_SIZE

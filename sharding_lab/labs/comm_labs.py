@@ -420,6 +420,21 @@ def _volume_table(a: Volumes, keys: list[str]) -> Table:
 # --- communication-volume -------------------------------------------------------------------------------------
 
 
+# PyTorch DDP's defaults: the first bucket holds 1 MiB of gradients, every later one up to 25 MiB.
+DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_BYTES = 1024**2, 25 * 1024**2
+
+
+def _ddp_buckets_text(ddp: Measurement) -> str:
+    all_reduces = ddp.collectives(op="all_reduce")
+    gradient_bytes = ddp.part_bytes("grads")[0]
+    return (
+        f" DDP ran with gradient_as_bucket_view=True (its gradients are views into the all-reduce buckets: one "
+        f"copy, not two) and issued {len(all_reduces)} all-reduce(s) for {human_bytes(gradient_bytes)} of "
+        f"gradients: one per bucket, and PyTorch's first bucket holds {human_bytes(DDP_FIRST_BUCKET_BYTES)}, later "
+        f"ones up to {human_bytes(DDP_BUCKET_BYTES)}, so a real model's step issues many."
+    )
+
+
 def check_communication_volume(a: Volumes) -> Verdict:
     volume = a.volume
     c = Conditions()
@@ -447,7 +462,8 @@ def report_communication_volume(a: Volumes) -> Report:
         f"zero2 {volume['zero2']:.2f}Ψ, zero3 {volume['zero3']:.2f}Ψ (paper 2Ψ, 2Ψ, 3Ψ; zero3 skips re-gathering "
         f"the root, {percent(a.root_share)} of Ψ). PyTorch's zero1 moves "
         f"{volume['zero1']:.2f}Ψ: DDP's all-reduce (2Ψ) plus a broadcast of the updated parameters (Ψ), where the "
-        f"paper's stage 1 reduce-scatters and all-gathers (2Ψ)."
+        f"paper's stage 1 reduce-scatters and all-gathers (2Ψ), as DeepSpeed's stage 1 does."
+        + _ddp_buckets_text(a.ms["ddp"])
     )
     return Report(
         finding,

@@ -333,39 +333,86 @@ def report_zero_stages(a: ModelStates) -> Report:
 # --- adam-optimizer-state --------------------------------------------------------------------------------
 
 
-def check_adam_state(a: ModelStates) -> Verdict:
+MIXED = "zero3 mixed precision"  # FSDP2 with MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)
+
+
+@dataclass(frozen=True)
+class AdamState:
+    """Bytes per parameter each model state costs on a rank, measured: fp32 Adam under DDP, and
+    PyTorch's mixed precision (FSDP2, bf16 compute) on the same model."""
+
+    psi: int
+    fp32: dict[str, float]  # part -> bytes per parameter, DDP fp32 (every rank holds all of Ψ)
+    mixed: dict[str, float]  # part -> bytes per parameter of rank 0's shard, FSDP2 mixed precision
+    ratios: list[float]  # per DDP rank: optimizer bytes / parameter bytes
+    gather_dtypes: set[str]  # what the mixed-precision run's all-gathers moved
+    reduce_dtypes: set[str]  # what its reduce-scatters moved
+    fp32_bytes: dict[str, int]  # part -> DDP rank 0's bytes
+
+
+def analyse_adam_state(ms: Measurements) -> AdamState:
+    ddp, mixed = ms["ddp"], ms[MIXED]
+    psi = ddp.num_params
+    shard = mixed.padded_num_params // mixed.world_size  # rank 0 holds a full padded shard
+    return AdamState(
+        psi=psi,
+        fp32={part: ddp.part_bytes(part)[0] / psi for part in PARTS},
+        mixed={part: mixed.part_bytes(part)[0] / shard for part in PARTS},
+        ratios=[o / p for o, p in zip(ddp.part_bytes("optimizer"), ddp.part_bytes("params"), strict=True)],
+        gather_dtypes={c.dtype or "?" for c in mixed.collectives(op="all_gather")},
+        reduce_dtypes={c.dtype or "?" for c in mixed.collectives(op="reduce_scatter")},
+        fp32_bytes={part: ddp.part_bytes(part)[0] for part in PARTS},
+    )
+
+
+def check_adam_state(a: AdamState) -> Verdict:
     c = Conditions()
-    params, grads, optimizer = (a.part("ddp", part).bytes for part in PARTS)
-    ratios = [o / p for o, p in zip(optimizer, params, strict=True)]
     c.require(
-        all(abs(r - 2) < 1e-9 for r in ratios),
-        f"optimizer state = 2x parameter bytes on every rank ({ratios})",
+        all(abs(r - 2) < 1e-9 for r in a.ratios),
+        f"fp32: Adam's state = 2x the parameter bytes on every rank ({a.ratios})",
     )
     c.require(
-        all(o > max(p, g) for o, p, g in zip(optimizer, params, grads, strict=True)),
-        "optimizer state is the biggest model state",
+        a.fp32["optimizer"] > max(a.fp32["params"], a.fp32["grads"]),
+        "fp32: optimizer state is the biggest model state",
+    )
+    c.require(
+        a.gather_dtypes == {"bfloat16"} and a.reduce_dtypes == {"float32"},
+        f"the mixed-precision run computed in bf16 (all-gathers {sorted(a.gather_dtypes)}, "
+        f"reduce-scatters {sorted(a.reduce_dtypes)})",
+    )
+    layout = "/".join(f"{a.mixed[part]:g}" for part in PARTS)
+    c.require(
+        a.mixed == {"params": 4.0, "grads": 4.0, "optimizer": 8.0},
+        f"PyTorch's mixed precision keeps fp32 shards, fp32 gradients and 8-byte Adam state ({layout} bytes "
+        "per parameter, not the paper's 2/2/12)",
     )
     return c.verdict()
 
 
-def report_adam_state(a: ModelStates) -> Report:
-    psi = a.ms["ddp"].num_params
-    params, grads, optimizer = (a.part("ddp", part).bytes[0] for part in PARTS)
-    mixed = bytes_per_param(mixed_precision=True)
+def report_adam_state(a: AdamState) -> Report:
+    paper = bytes_per_param(mixed_precision=True)
+    params, optimizer = a.fp32_bytes["params"], a.fp32_bytes["optimizer"]
+    pytorch = "/".join(f"{a.mixed[part]:g}" for part in PARTS)
     finding = (
-        f"Under DDP each rank's Adam state is {optimizer / params:.2f}x its parameter bytes "
-        f"({human_bytes(optimizer)} against {human_bytes(params)} for Ψ={psi:,} fp32 parameters: "
-        f"{optimizer / psi:g} B per parameter for exp_avg and exp_avg_sq), the biggest model state. "
-        f"With mixed precision the analytic model gives K={mixed['optimizer']} B per parameter of "
-        f"optimizer state against {mixed['params']}+{mixed['grads']} for fp16 parameters and gradients."
+        f"Under DDP in fp32 each rank's Adam state is {optimizer / params:.2f}x its parameter bytes "
+        f"({human_bytes(optimizer)} against {human_bytes(params)} for Ψ={a.psi:,}: {a.fp32['optimizer']:g} B per "
+        f"parameter for exp_avg and exp_avg_sq), the biggest model state. With PyTorch's mixed precision (FSDP2, "
+        f"bf16 all-gathers and compute, fp32 reduce-scatters; measured on this model) a rank keeps {pytorch} bytes "
+        f"per parameter of parameters/gradients/Adam state: fp32 shards serve as the master weights, so Adam's "
+        f"state stays 8 B. The ZeRO paper's mixed precision keeps {paper['params']}/{paper['grads']}/"
+        f"{paper['optimizer']} (fp16 parameters and gradients; K = {paper['optimizer']}: an fp32 master copy "
+        f"beside the two moments), as DeepSpeed does; both total 16 bytes per parameter."
     )
-    measured_per_param = {part: a.part("ddp", part).bytes[0] / psi for part in PARTS}
     rows = tuple(
-        (part, a.part("ddp", part).bytes[0], round(measured_per_param[part], 4), mixed[part]) for part in PARTS
+        (part, a.fp32_bytes[part], round(a.fp32[part], 4), round(a.mixed[part], 4), paper[part]) for part in PARTS
     )
     chart = stacked_bar_chart(
         "Bytes per parameter by model state",
-        [Bar("fp32 Adam (measured)", measured_per_param), Bar("mixed precision (paper)", dict(mixed))],
+        [
+            Bar("fp32 Adam (measured, DDP)", a.fp32),
+            Bar("mixed precision (measured, PyTorch FSDP2)", a.mixed),
+            Bar("mixed precision (ZeRO paper)", dict(paper)),
+        ],
         PARTS,
         colours=charts.MEMORY_COLOURS,
         format_value=lambda v: f"{v:g} B/param",
@@ -375,9 +422,10 @@ def report_adam_state(a: ModelStates) -> Report:
         Table(
             (
                 "part",
-                "bytes per rank (DDP)",
+                "bytes per rank (DDP, fp32)",
                 "bytes per parameter (measured fp32)",
-                "bytes per parameter (mixed precision, analytic)",
+                "bytes per parameter (measured, PyTorch mixed precision)",
+                "bytes per parameter (ZeRO paper, mixed precision)",
             ),
             rows,
         ),
@@ -453,7 +501,11 @@ MODEL_STATE_LABS: tuple[Lab, ...] = (
         report_zero_stages,
     ),
     catalog_lab(
-        "adam-optimizer-state", runs_at(("ddp", Strategy.DDP, {})), analyse_model_states, check_adam_state, report_adam_state
+        "adam-optimizer-state",
+        runs_at(("ddp", Strategy.DDP, {}), (MIXED, Strategy.ZERO3, {"mixed_precision": True})),
+        analyse_adam_state,
+        check_adam_state,
+        report_adam_state,
     ),
     catalog_lab(
         "stage1-optimizer-only",
