@@ -1,5 +1,5 @@
 """The app as a real server process for load and crash tests: `studyapp serve` (the real CLI
-command, werkzeug's threaded server) in a subprocess on 127.0.0.1, binding port 0 and reporting
+command, on waitress) in a subprocess on 127.0.0.1, binding port 0 and reporting
 the port it got, on a clock the test injects; HTTP clients that count what they send, a bank big
 enough to spread load, and a place to record figures."""
 
@@ -29,24 +29,24 @@ CLOCK_START = datetime(2026, 3, 2, 12, 0, tzinfo=timezone.utc)
 SERVE = """
 import json, os, sys, time
 from datetime import datetime, timedelta
-import werkzeug.serving
 from flask.cli import ScriptInfo
+from studyapp.cli import serve
 from studyapp import create_app
 from studyapp.cli import main
 config, instance, port_file, clock_start = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
 start, started = datetime.fromisoformat(clock_start), time.monotonic()
 config["CLOCK"] = lambda: start + timedelta(seconds=time.monotonic() - started)  # the test's time, real pace
 config["PORT"] = 0
-make_server = werkzeug.serving.make_server
+make_server = serve.make_server
 
 def make_server_reporting_its_port(*args, **kwargs):
     server = make_server(*args, **kwargs)
     with open(port_file + ".part", "w") as out:
-        out.write(str(server.socket.getsockname()[1]))
+        out.write(str(server.port))
     os.replace(port_file + ".part", port_file)
     return server
 
-werkzeug.serving.make_server = make_server_reporting_its_port
+serve.make_server = make_server_reporting_its_port
 app = create_app(config, instance_path=instance)
 main(["serve"], obj=ScriptInfo(create_app=lambda: app), standalone_mode=True)
 """

@@ -74,27 +74,15 @@ def test_import_quiz_writes_a_file_and_never_overwrites(runner, tmp_path):
     assert bad.exit_code == 1 and "must be a slug" in bad.output
 
 
-class FakeServer:
-    """Stands in for werkzeug's server: records what `serve` bound, serves nothing."""
-
-    def __init__(self, served: dict, host: str, port: int, app, **kwargs):
-        served.update(host=host, port=port, handler=kwargs.get("request_handler"))
-        self.socket = self
-        self.port = port or 5000
-
-    def getsockname(self):
-        return ("0.0.0.0", self.port)
-
-    def log_startup(self):
-        pass
-
-    def serve_forever(self):
-        pass
-
-
 def fake_server(monkeypatch) -> dict:
+    """Stands in for the server: records what `serve` bound, serves nothing."""
     served: dict = {}
-    monkeypatch.setattr(serve_cli.serving, "make_server", lambda *args, **kwargs: FakeServer(served, *args, **kwargs))
+
+    def make_server(app, host: str, port: int, *, debug: bool = False):
+        served.update(host=host, port=port, debug=debug)
+        return serve_cli.Server(port or 5000, lambda: None)
+
+    monkeypatch.setattr(serve_cli, "make_server", make_server)
     return served
 
 
@@ -104,7 +92,8 @@ def test_serve_syncs_then_serves_on_localhost(runner, app, bank_dir, monkeypatch
     result = runner.invoke(args=["serve"])
     assert result.exit_code == 0, result.output
     assert "bank synced" in result.output and "2 retired" in result.output
-    assert served["host"] == "127.0.0.1" and served["port"] == 5000
+    assert served["host"] == "127.0.0.1" and served["port"] == 5000 and not served["debug"]
+    assert "serving on http://127.0.0.1:5000/" in result.output and "development server" not in result.output
     assert "login" not in result.output and not app.config["REQUIRE_LOGIN"], "loopback: no login"
     assert not (Path(app.instance_path) / auth.TOKEN_FILE).exists()
 
@@ -120,11 +109,11 @@ def test_serve_beyond_loopback_requires_the_login_and_prints_the_token_url_once(
     assert f":5000/login?token={token}" in lines[0] and "LAN addresses" in lines[0]
     again = runner.invoke(args=["serve", "--host", "0.0.0.0"])
     assert token not in again.output and "`studyapp token`" in again.output, "the token is printed once"
-    assert served["handler"] is serve_cli.RedactingRequestHandler
+    assert not served["debug"]
 
 
 def test_serve_refuses_to_start_on_a_bad_bank(runner, bank_dir, monkeypatch):
-    monkeypatch.setattr(serve_cli.serving, "make_server",
+    monkeypatch.setattr(serve_cli, "make_server",
                         lambda *args, **kwargs: (_ for _ in ()).throw(AssertionError("served")))
     write_bank(bank_dir, {"alpha": "id: alpha\ntitle: [unclosed\n"})
     result = runner.invoke(args=["serve"])
