@@ -67,3 +67,21 @@ def test_forward_gives_logits_or_the_loss_and_trains():
 def test_the_model_file_has_no_distributed_code():
     source = Path(model_module.__file__).read_text()
     assert "torch.distributed" not in source and "fully_shard" not in source
+
+
+@pytest.mark.parametrize("size", ["tiny", "gpt2-small", "1b"])
+def test_the_torch_free_shapes_are_the_models_parameters(size):
+    from sharding_lab.model_config import num_params, parameter_shapes
+
+    with torch.device("meta"):
+        model = GPT(config_for(size))
+    assert parameter_shapes(model.config) == [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+    assert num_params(model.config) == model.num_params()
+
+
+def test_root_share_of_gpt2_small_is_its_untied_embeddings_and_head():
+    from sharding_lab.model_config import root_share
+
+    # 2 x 50304 x 768 (wte, lm_head) + 1024 x 768 (wpe) + 2 x 768 (ln_f) of 163,109,376 elements.
+    assert root_share(config_for("gpt2-small")) == pytest.approx(78_054_912 / 163_109_376)
+    assert root_share(config_for("tiny")) == pytest.approx((2 * 128 * 32 + 32 * 32 + 64) / 60_096)

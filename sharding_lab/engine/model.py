@@ -1,4 +1,5 @@
-"""A GPT in one file, in nanoGPT's shape: small modules, then Block, then the config, then the model.
+"""A GPT in one file, in nanoGPT's shape: small modules, then Block, then the model (its config and
+named sizes are in `sharding_lab.model_config`).
 
 No distributed code lives here: `sharding_lab.engine.parallelize` decides how the model is sharded. The model
 builds on the meta device (no memory), so estimates can use 70B shapes; `init_weights()` fills real
@@ -8,11 +9,13 @@ tensors once the parameters have storage.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+
+# The config and the named sizes live without torch (the planner and the labs read them).
+from sharding_lab.model_config import SIZES, GPTConfig, config_for  # noqa: F401 - re-exported
 
 
 class CausalSelfAttention(nn.Module):
@@ -59,41 +62,6 @@ class Block(nn.Module):
         x = x + self.attn(self.ln_1(x))
         x = x + self.mlp(self.ln_2(x))
         return x
-
-
-@dataclass(frozen=True)
-class GPTConfig:
-    block_size: int = 1024  # longest sequence; sizes the position embedding
-    vocab_size: int = 50304  # GPT-2's 50257 tokens, padded up to a multiple of 64 for efficiency
-    n_layer: int = 12  # transformer blocks: one FSDP unit each
-    n_head: int = 12  # attention heads; must divide n_embd
-    n_embd: int = 768  # residual stream width
-    bias: bool = True  # biases in Linear and LayerNorm, as in GPT-2
-    # No dropout: the labs compare gradients across strategies, and dropout would make them differ.
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-# Named sizes. `tiny` keeps CPU tests to seconds; the rest are shapes for estimates and simulation.
-SIZES: dict[str, GPTConfig] = {
-    # 4 blocks so per-block effects (one all-gather per block) are visible; 60k parameters.
-    "tiny": GPTConfig(block_size=32, vocab_size=128, n_layer=4, n_head=2, n_embd=32),
-    "gpt2-small": GPTConfig(n_layer=12, n_head=12, n_embd=768),  # 124M as GPT-2 (tied), 163M untied
-    "gpt2-medium": GPTConfig(n_layer=24, n_head=16, n_embd=1024),  # 406M untied
-    "gpt2-large": GPTConfig(n_layer=36, n_head=20, n_embd=1280),  # 838M untied
-    "1b": GPTConfig(block_size=2048, n_layer=20, n_head=16, n_embd=2048),  # 1.2B
-    # LLaMA's depths and widths; GPT's 4x MLP (not SwiGLU) makes these 6.9B and 65B parameters.
-    "7b": GPTConfig(block_size=2048, n_layer=32, n_head=32, n_embd=4096),
-    "70b": GPTConfig(block_size=2048, n_layer=80, n_head=64, n_embd=8192),
-}
-
-
-def config_for(name: str, **overrides) -> GPTConfig:
-    """The named size, with any field overridden (e.g. `config_for("tiny", n_layer=2)`)."""
-    if name not in SIZES:
-        raise ValueError(f"unknown model size {name!r}; choose one of {', '.join(SIZES)}")
-    return replace(SIZES[name], **overrides)
 
 
 class GPT(nn.Module):
