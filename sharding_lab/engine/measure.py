@@ -31,11 +31,15 @@ import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
+from typing import TYPE_CHECKING
 
 from sharding_lab import analytic
 from sharding_lab.engine.launch import RankContext, cuda_device_count, run_ranks, under_torchrun
 from sharding_lab.measurement import Measurement
 from sharding_lab.run_config import Placement, PlacementChoice, RunConfig, resolve_placement
+
+if TYPE_CHECKING:
+    from sharding_lab.engine.pool import Pools
 
 
 def measure(config: RunConfig, *, timeout_s: float = 600.0) -> Measurement:
@@ -49,11 +53,13 @@ def measure_many(
     timeout_s: float = 600.0,
     on_progress: Callable[[str], None] | None = None,
     every_rank: bool = False,
+    pools: Pools | None = None,
 ) -> list[Measurement]:
     """Measure each configuration in one launch; they must share a world size, device and placement.
 
     `every_rank`: the caller needs every rank's figures, so with fewer GPUs than ranks the ranks share
-    one GPU instead of measuring rank 0's view (see run_config.resolve_placement).
+    one GPU instead of measuring rank 0's view (see run_config.resolve_placement). `pools`: run on its
+    warm ranks for this world size (started if none are up) instead of starting ranks for this call.
     """
     if not configs:
         return []
@@ -73,7 +79,8 @@ def measure_many(
             raise ValueError("gradient parity needs real ranks: in a rank view collectives move no data")
     if on_progress:
         on_progress(choice.note or f"starting {first.world_size} ranks for {len(configs)} configuration(s)")
-    per_rank = run_ranks(
+    launcher = run_ranks if pools is None or under_torchrun() else pools.run
+    per_rank = launcher(
         _measure_on_rank, first.world_size, list(configs), device=first.device, placement=choice.placement,
         timeout_s=timeout_s, on_progress=on_progress,
     )

@@ -1,16 +1,20 @@
 """Run labs: measure the configurations they need, then check and report on the measurements.
 
 Starting ranks and importing torch is the slow part on a small machine, so every configuration the
-requested labs need at one world size is measured in a single launch, and labs that need the same
-configuration (equal `RunConfig`s) share its measurement.
+requested labs need at one world size is measured in a single batch on warm ranks (`pool.Pools`: one
+pool per world size, shared by every lab of the call, or kept across calls by a caller that passes its
+own, as `sharding-lab serve-labs` does), and labs that need the same configuration (equal `RunConfig`s)
+share its measurement.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
 
 from sharding_lab.engine.measure import measure_many
+from sharding_lab.engine.pool import Pools
 from sharding_lab.labs.base import RunSpec
 from sharding_lab.labs.evaluate import evaluate
 from sharding_lab.labs.registry import LABS, get_lab
@@ -28,10 +32,13 @@ def run_lab(
     device: str = "cpu",
     on_progress: Progress | None = None,
     on_status: Progress | None = None,
+    pools: Pools | None = None,
+    timeout_s: float = 600.0,
 ) -> dict:
     """Measure, check and report one lab; the run JSON (see `sharding_lab.labs.evaluate.evaluate`)."""
     return run_labs(
-        [lab_id], world_size, size=size, device=device, on_progress=on_progress, on_status=on_status
+        [lab_id], world_size, size=size, device=device, on_progress=on_progress, on_status=on_status, pools=pools,
+        timeout_s=timeout_s,
     )[0]
 
 
@@ -50,18 +57,28 @@ def run_labs(
     device: str = "cpu",
     on_progress: Progress | None = None,
     on_status: Progress | None = None,
+    pools: Pools | None = None,
+    timings: dict[str, float] | None = None,
+    timeout_s: float = 600.0,
 ) -> list[dict]:
-    """Run several labs (all by default) with one launch per world size; their run JSONs in order.
+    """Run several labs (all by default) with one batch per world size; their run JSONs in order.
 
     `on_progress` hears each milestone (a launch, a lab's verdict); `on_status` also hears rank 0's
-    live position inside a launch (e.g. "zero3: step 2 backward"), for a status line.
+    live position inside a launch (e.g. "zero3: step 2 backward"), for a status line. `pools`: warm
+    ranks to run on (kept running afterwards); without it, pools live for this call only. `timings`,
+    when given, receives "rank_s": the seconds the ranks spent measuring (slowest rank, summed over
+    batches), the labs' own cost without process start-up.
     """
     if world_size < 2:
         raise ValueError(f"labs compare sharded ranks: world_size must be at least 2, got {world_size}")
     labs = [get_lab(lab_id) for lab_id in (LABS if lab_ids is None else lab_ids)]
     specs = {lab.id: lab_specs(lab.id, world_size, size=size, device=device) for lab in labs}
     all_configs = [spec.config for lab_specs_ in specs.values() for spec in lab_specs_]
-    measured, seconds = measure_configs(all_configs, on_progress=on_progress, on_status=on_status)
+    with nullcontext(pools) if pools is not None else Pools(idle_timeout_s=None) as in_use:
+        measured, seconds = measure_configs(
+            all_configs, on_progress=on_progress, on_status=on_status, pools=in_use, timings=timings,
+            timeout_s=timeout_s,
+        )
     runs = []
     for lab in labs:
         measurements = {spec.key: measured[spec.config] for spec in specs[lab.id]}
@@ -78,26 +95,34 @@ def measure_configs(
     *,
     on_progress: Progress | None = None,
     on_status: Progress | None = None,
+    pools: Pools | None = None,
+    timings: dict[str, float] | None = None,
+    timeout_s: float = 600.0,
 ) -> tuple[dict[RunConfig, Measurement], dict[int, float]]:
-    """Measure each distinct configuration once, one launch per world size.
+    """Measure each distinct configuration once, one batch per world size (on `pools`' warm ranks
+    when given, else one launch each).
 
-    Returns the measurements keyed by their RunConfig and each launch's wall seconds.
+    Returns the measurements keyed by their RunConfig and each batch's wall seconds.
     """
     by_world_size: dict[int, list[RunConfig]] = {}
     for config in dict.fromkeys(configs):
         by_world_size.setdefault(config.world_size, []).append(config)
     measured: dict[RunConfig, Measurement] = {}
     seconds: dict[int, float] = {}
+    rank_seconds_before = pools.rank_seconds if pools is not None else 0.0
     for world_size, distinct in sorted(by_world_size.items()):
         if on_progress:
             names = ", ".join(config.label for config in distinct)
             on_progress(f"launching {world_size} rank{'s' if world_size > 1 else ''}: {names}")
         started = time.perf_counter()
         # Labs read every rank's figures: with fewer GPUs than ranks, real ranks share one GPU.
-        results = measure_many(distinct, on_progress=on_status, every_rank=True)
+        results = measure_many(distinct, on_progress=on_status, every_rank=True, pools=pools, timeout_s=timeout_s)
+
         for note in {m.config.placement_note for m in results if m.config.placement_note}:
             if on_progress:
                 on_progress(note)
         seconds[world_size] = time.perf_counter() - started
         measured.update(zip(distinct, results, strict=True))
+    if timings is not None and pools is not None:
+        timings["rank_s"] = timings.get("rank_s", 0.0) + pools.rank_seconds - rank_seconds_before
     return measured, seconds

@@ -3,10 +3,12 @@
     sharding-lab list [--json]
     sharding-lab run LAB [--world-size N] [--json]
     sharding-lab run --all [--world-size N] [--json] [--export exports/lab-results.json]
+    sharding-lab serve-labs [--idle-timeout S]     (one JSON request per stdin line: the app's lab worker)
 
 `run` exits 1 when a claim does not hold (or the engine fails), so CI can run every lab. `--json`
-prints exactly one JSON object: a run, or {"runs": [...]} for --all. Progress goes to stderr, and
-only to a terminal.
+prints exactly one JSON object: a run, or {"runs": [...], "rank_s", "wall_s"} for --all (rank_s: the
+seconds the ranks spent measuring; wall_s: the whole command's). Progress goes to stderr, and only to a
+terminal. The labs of one command share warm ranks, one pool per world size (sharding_lab.engine.pool).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from sharding_lab.labs.evaluate import write_summaries
@@ -55,6 +58,17 @@ def register(subparsers) -> None:
         help="also write {lab id: run without measurements and charts} to PATH (e.g. exports/lab-results.json)",
     )
     run_parser.set_defaults(func=run_run)
+
+    serve_parser = subparsers.add_parser(
+        "serve-labs",
+        help="run labs on warm ranks, one JSON request per stdin line (what the study app's worker talks to)",
+        description="Answer {\"lab\": ID, \"world_size\": N} lines on stdin with {\"result\": RUN} or "
+        "{\"error\": ...} lines on stdout, keeping a pool of ranks per world size between requests.",
+    )
+    serve_parser.add_argument("--idle-timeout", type=float, default=300.0,
+                              help="seconds a pool of ranks stays up without a lab (default 300)")
+    serve_parser.add_argument("--timeout", type=float, default=600.0, help="seconds before a hung run is ended")
+    serve_parser.set_defaults(func=run_serve_labs)
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -100,25 +114,33 @@ def run_run(args: argparse.Namespace) -> int:
     except KeyError as error:
         raise SystemExit(f"sharding-lab run: {error.args[0]}") from None
 
+    started, timings = time.perf_counter(), {}
     try:
-        runs = _run_with_progress(lab_ids, args.world_size, args.size, args.device)
+        runs = _run_with_progress(lab_ids, args.world_size, args.size, args.device, timings)
     except Exception as error:  # the engine failed: a rank crashed or hung
         print(f"sharding-lab run: the engine failed: {error}", file=sys.stderr)
         return 1
     if args.export:
         write_summaries(runs, args.export)
     if args.json:
-        print(json.dumps({"runs": runs} if args.all else runs[0]))
+        wall_s = time.perf_counter() - started
+        print(json.dumps({"runs": runs, "rank_s": timings.get("rank_s"), "wall_s": wall_s} if args.all else runs[0]))
     else:
         _print_runs(runs)
     return 0 if all(run["holds"] for run in runs) else 1
 
 
-def _run_with_progress(lab_ids: list[str], world_size: int, size: str, device: str) -> list[dict]:
+def run_serve_labs(args: argparse.Namespace) -> int:
+    from sharding_lab.engine import lab_server
+
+    return lab_server.main(idle_timeout_s=args.idle_timeout, timeout_s=args.timeout)
+
+
+def _run_with_progress(lab_ids: list[str], world_size: int, size: str, device: str, timings: dict) -> list[dict]:
     from sharding_lab.engine.run_labs import run_labs  # torch, only when something runs
 
     if not sys.stderr.isatty():
-        return run_labs(lab_ids, world_size, size=size, device=device)
+        return run_labs(lab_ids, world_size, size=size, device=device, timings=timings)
     from rich.console import Console
 
     console = Console(stderr=True, log_path=False)
@@ -132,7 +154,8 @@ def _run_with_progress(lab_ids: list[str], world_size: int, size: str, device: s
             status.update(message)
 
         return run_labs(
-            lab_ids, world_size, size=size, device=device, on_progress=on_progress, on_status=on_status
+            lab_ids, world_size, size=size, device=device, on_progress=on_progress, on_status=on_status,
+            timings=timings,
         )
 
 

@@ -18,8 +18,8 @@ labs_group = AppGroup("labs", help="Run the labs and store their results (what t
 @labs_group.command("run-all")
 @click.option("--world-size", type=int, default=None, help="Ranks per lab (default: the first allowed, 2).")
 def run_all_command(world_size: int | None) -> None:
-    """Queue every lab and run the queue, one lab at a time, each in its own process; each result
-    is stored with its run."""
+    """Queue every lab and run the queue, one lab at a time, on warm ranks the labs share (one pool
+    per world size, ended when the command ends); each result is stored with its run."""
     app = current_app._get_current_object()
     allowed = world_sizes(app)
     world_size = allowed[0] if world_size is None else world_size
@@ -32,9 +32,12 @@ def run_all_command(world_size: int | None) -> None:
     worker = LabWorker(app)
     finished: list[LabRun] = []
     label = f"labs at {world_size} ranks"
-    with click.progressbar(queued, label=label, item_show_func=lambda run: run and run.lab_id) as bar:
-        for run in bar:
-            finished.append(worker.run_until_over(run.id))
+    try:
+        with click.progressbar(queued, label=label, item_show_func=lambda run: run and run.lab_id) as bar:
+            for run in bar:
+                finished.append(worker.run_until_over(run.id))
+    finally:
+        worker.stop()  # the lab server and its ranks with it
     for run in finished:
         seconds = (aware(run.finished_at) - aware(run.started_at)).total_seconds() if run.started_at else 0.0
         if run.status == RunStatus.failed:

@@ -6,9 +6,15 @@ running the queue itself) holds an exclusive lock file in the instance folder wh
 it failed when it starts. Runs still `queued` at a restart are resumed: they are requests nobody
 has withdrawn.
 
+Where a lab runs: by default on warm ranks in the worker's lab server (studyapp.lab_runs.server: one
+long-lived `sharding-lab serve-labs` child keeping a pool of ranks per world size); with LAB_COMMAND
+set, each run is a process of its own (studyapp.lab_runs.process). Either way a run past its timeout
+or a stop kills every process of it.
+
 Settings: LAB_TIMEOUT_S (seconds a run may take), LAB_WORLD_SIZES (the world sizes a run may ask
-for), LAB_COMMAND (argv prefix of the lab CLI; tests point it at a fake), LAB_WORKER_AUTOSTART
-(start the worker on the first queued run; default on, off under TESTING, where tests start it).
+for), LAB_COMMAND (argv prefix of a lab CLI run once per lab; tests point it at a fake), LAB_POOL_IDLE_S
+(seconds the lab server keeps idle ranks up), LAB_WORKER_AUTOSTART (start the worker on the first
+queued run; default on, off under TESTING, where tests start it).
 """
 
 from __future__ import annotations
@@ -30,12 +36,14 @@ from sqlmodel import Session
 from studyapp.db import get_engine
 from studyapp.lab_runs.process import Outcome, default_command, kill_group, lab_outcome
 from studyapp.lab_runs.queue import ACTIVE, claim_next, fail_interrupted, finish, next_queued
+from studyapp.lab_runs.server import LabServer, server_argv
 from studyapp.models import LabRun, RunStatus
 
 DEFAULTS: dict[str, Any] = {
     "LAB_TIMEOUT_S": 300.0,  # a lab takes 10-30 s at 2 ranks on a small CPU; 10x that is a hang
     "LAB_WORLD_SIZES": (2, 4),  # ranks are processes on this machine: more only slows a small one
-    "LAB_COMMAND": None,  # None: `python -m sharding_lab.cli` with this interpreter
+    "LAB_COMMAND": None,  # None: the lab server's warm ranks; an argv prefix: one process per run
+    "LAB_POOL_IDLE_S": 300.0,  # idle ranks hold a torch each in memory; a lab after that starts them again
     "LAB_WORKER_AUTOSTART": None,  # None: on, except under TESTING
 }
 LOCK_FILE = "lab-runner.lock"
@@ -101,6 +109,7 @@ class LabWorker:
         self._stop = threading.Event()
         self._process: subprocess.Popen | None = None
         self._thread: threading.Thread | None = None
+        self.lab_server: LabServer | None = None  # started by the first run without LAB_COMMAND
 
     @property
     def alive(self) -> bool:
@@ -120,8 +129,12 @@ class LabWorker:
         process = self._process
         if process is not None and process.poll() is None:
             kill_group(process)
+        if self.lab_server is not None:
+            self.lab_server.stop()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        if self.lab_server is not None:  # a run claimed between the two stops may have started it again
+            self.lab_server.stop()
 
     def _loop(self) -> None:
         with runner_lock(lock_path(self.app), stop=self._stop) as held:
@@ -150,12 +163,26 @@ class LabWorker:
             run = claim_next(self.engine)
             if run is None:
                 return False
-            outcome = lab_outcome(lab_command(self.app), run, float(self.app.config["LAB_TIMEOUT_S"]), self._started)
+            outcome = self._run(run)
             self._process = None
             if self._stop.is_set() and outcome.status == RunStatus.failed:
                 outcome = Outcome(RunStatus.failed, error=SHUTDOWN)
             finish(self.engine, run.id, outcome)
         return True
+
+    def _run(self, run: LabRun) -> Outcome:
+        timeout_s = float(self.app.config["LAB_TIMEOUT_S"])
+        if self.app.config["LAB_COMMAND"] is not None:
+            return lab_outcome(lab_command(self.app), run, timeout_s, self._started)
+        if self.lab_server is None:
+            self.lab_server = LabServer(server_argv(float(self.app.config["LAB_POOL_IDLE_S"]), timeout_s))
+        if self._stop.is_set():  # stop() came between the claim and the start
+            return Outcome(RunStatus.failed, error=SHUTDOWN)
+        try:
+            return self.lab_server.run(run.lab_id, int(run.params.get("world_size", 0)), timeout_s)
+        except Exception as error:  # noqa: BLE001 - whatever went wrong, the row must not stay running
+            self.lab_server.stop()
+            return Outcome(RunStatus.failed, error=f"the runner failed: {type(error).__name__}: {error}")
 
     def run_until_over(self, run_id: int) -> LabRun:
         """Run the queue in this thread until run `run_id` is over (another worker may run it, or

@@ -1,0 +1,61 @@
+"""`sharding-lab serve-labs`: run labs on warm ranks, one request per line, for as long as stdin is open.
+
+The study app's lab worker owns one of these as a child process (the web process itself never imports
+torch). Each request is one JSON line on stdin, each answer one JSON line on stdout:
+
+    {"lab": "reshard-after-forward", "world_size": 2}   ->   {"result": {the `sharding-lab run --json` object}}
+                                                         or   {"error": "rank 1 failed: ..."}
+
+The ranks stay up between requests (`pool.Pools`: a pool per world size, started on its first lab and
+ended after `idle_timeout_s` without one), so a lab costs its own training steps. A rank that fails or
+hangs ends that request with an error; its pool is torn down and the next request starts a fresh one.
+The server ends when stdin closes, and dies with its parent, ranks included, even on SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import IO
+
+from sharding_lab.engine import launch
+from sharding_lab.engine.pool import IDLE_TIMEOUT_S, Pools
+from sharding_lab.labs.registry import LABS
+
+
+def serve(requests: IO[str], answers: IO[str], *, idle_timeout_s: float | None = IDLE_TIMEOUT_S,
+          timeout_s: float = 600.0) -> None:
+    """Answer each request line until `requests` ends; every pool is gone when it returns."""
+    with Pools(idle_timeout_s=idle_timeout_s) as pools:
+        for line in requests:
+            if not line.strip():
+                continue
+            answers.write(json.dumps(answer(line, pools, timeout_s)) + "\n")
+            answers.flush()
+
+
+def answer(line: str, pools: Pools, timeout_s: float) -> dict:
+    from sharding_lab.engine.run_labs import run_lab
+
+    try:
+        request = json.loads(line)
+        lab_id, world_size = request["lab"], request["world_size"]
+    except (ValueError, KeyError, TypeError) as error:
+        return {"error": f"bad request {line.strip()[:200]!r}: {error}"}
+    if lab_id not in LABS:
+        return {"error": f"unknown lab {lab_id!r}"}
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
+        return {"error": f"world size must be a whole number of at least 2, got {world_size!r}"}
+    try:
+        return {"result": run_lab(lab_id, world_size, pools=pools, timeout_s=timeout_s)}
+    except Exception as error:  # noqa: BLE001 - a rank failed or hung, or the lab's code raised: an answer
+        return {"error": f"the engine failed: {type(error).__name__}: {error}"}
+
+
+def main(idle_timeout_s: float | None, timeout_s: float) -> int:
+    launch._die_with_parent()
+    # Ranks and torch print to stderr; stdout carries answers only.
+    answers = sys.stdout
+    sys.stdout = sys.stderr
+    serve(sys.stdin, answers, idle_timeout_s=idle_timeout_s, timeout_s=timeout_s)
+    return 0

@@ -1,0 +1,140 @@
+"""The lab server: one long-lived child, `sharding-lab serve-labs`, that keeps ranks warm between runs.
+
+The web process never imports torch, so the warm ranks live in a child it owns (started on the first
+run, in its own process group): one JSON request per line on its stdin, one answer per line on its
+stdout (sharding_lab.engine.lab_server). A run that overruns its timeout, or a stop, kills the child's
+whole group (the ranks die with it); so does a child that stopped answering. The next run starts a
+fresh one. A failed rank is the child's business: it answers with the error and rebuilds its pool.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+
+from sharding_lab.labs.registry import LABS  # metadata only: no torch
+from studyapp.lab_runs.process import STDERR_TAIL_CHARS, Outcome, kill_group
+from studyapp.models import RunStatus
+
+
+def server_argv(idle_timeout_s: float, timeout_s: float) -> list[str]:
+    """`sharding-lab serve-labs` run by this very interpreter, so the child sees the same packages."""
+    return [sys.executable, "-m", "sharding_lab.cli", "serve-labs",
+            "--idle-timeout", f"{idle_timeout_s:g}", "--timeout", f"{timeout_s:g}"]
+
+
+class LabServer:
+    """The child that runs labs on warm ranks; `run` one lab at a time (the worker's lock sees to that)."""
+
+    def __init__(self, argv: Sequence[str]):
+        self.argv = list(argv)
+        self.process: subprocess.Popen | None = None
+        self._answers: queue.Queue[str | None] = queue.Queue()
+        self._stderr: collections.deque[str] = collections.deque(maxlen=200)
+        self._lock = threading.Lock()
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None and self.process.poll() is None else None
+
+    def run(self, lab_id: str, world_size: int, timeout_s: float) -> Outcome:
+        """Run one lab on the server (started if none is up); the lab's JSON, or why it failed."""
+        if lab_id not in LABS:
+            return Outcome(RunStatus.failed, error=f"could not start the lab: unknown lab {lab_id!r}")
+        if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+            return Outcome(RunStatus.failed, error=f"could not start the lab: bad world size {world_size!r}")
+        try:
+            process = self._started()
+            self._stderr.clear()
+            process.stdin.write(json.dumps({"lab": lab_id, "world_size": world_size}) + "\n")
+            process.stdin.flush()
+        except OSError as error:
+            self.stop()
+            return Outcome(RunStatus.failed, error=f"could not start the lab server: {error}" + self._tail())
+        try:
+            line = self._answers.get(timeout=timeout_s)
+        except queue.Empty:
+            self.stop()
+            return Outcome(RunStatus.failed, error=f"timed out after {timeout_s:g} s; the lab's processes were "
+                           "stopped." + self._tail())
+        if line is None:  # the child closed its stdout: it died, or stop() killed it
+            code = process.wait()
+            self.stop()
+            how = f"stopped by signal {-code}" if code < 0 else f"exited with status {code}"
+            return Outcome(RunStatus.failed, error=f"the lab server {how} before answering." + self._tail())
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            self.stop()
+            return Outcome(RunStatus.failed, error=f"the lab server answered {line[:200]!r}, not JSON." + self._tail())
+        if "error" in answer:
+            return Outcome(RunStatus.failed, error=str(answer["error"]) + self._tail())
+        result = answer.get("result")
+        if not isinstance(result, dict) or result.get("lab") != lab_id:
+            return Outcome(RunStatus.failed, error=f"the result names lab {result and result.get('lab')!r}, "
+                           f"not {lab_id!r}.")
+        return Outcome(RunStatus.done, result=result)
+
+    def stop(self) -> None:
+        """Kill the child and its ranks (its whole process group); the next run starts a fresh one."""
+        with self._lock:
+            process, self.process = self.process, None
+        if process is None:
+            return
+        kill_group(process)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def _started(self) -> subprocess.Popen:
+        with self._lock:
+            if self.process is not None and self.process.poll() is None:
+                return self.process
+            self._answers = queue.Queue()
+            self.process = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                bufsize=1,
+                # Its own process group: a timeout or a stop kills the ranks too, and a Ctrl-C meant
+                # for the server does not reach it.
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+            answers = self._answers
+            threading.Thread(target=_read_lines, args=(self.process.stdout, answers.put), daemon=True,
+                             name="lab-server-stdout").start()
+            threading.Thread(target=_read_lines, args=(self.process.stderr, self._keep_stderr), daemon=True,
+                             name="lab-server-stderr").start()
+            return self.process
+
+    def _keep_stderr(self, line: str | None) -> None:
+        if line is not None:
+            self._stderr.append(line)
+
+    def _tail(self) -> str:
+        # Torch's warnings repeat once per rank; the last lines say what went wrong.
+        text = "".join(self._stderr).strip()
+        if not text:
+            return ""
+        if len(text) > STDERR_TAIL_CHARS:
+            text = "…" + text[-STDERR_TAIL_CHARS:]
+        return "\nstderr:\n" + text
+
+
+def _read_lines(stream, deliver) -> None:
+    try:
+        for line in stream:
+            deliver(line)
+    except (OSError, ValueError):
+        pass
+    deliver(None)

@@ -1,0 +1,86 @@
+"""The app's lab server (studyapp.lab_runs.server): one long-lived child answers every run (the warm
+ranks live in it), a run past its timeout or a stop kills the child's whole group, a child that dies
+fails its run clearly and the next run starts a fresh one. Runs the fake tests/data/fake_lab_server.py;
+tests/test_sharding_pool.py and test_lab_runs' real-lab test cover the real `sharding-lab serve-labs`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from test_lab_runs import finished, post_run, process_gone, wait_for
+
+from studyapp.lab_runs import RunStatus, start_worker
+from studyapp.lab_runs import worker as worker_module
+from studyapp.lab_runs.server import LabServer
+
+FAKE_SERVER = Path(__file__).parent / "data" / "fake_lab_server.py"
+LAB = "adam-optimizer-state"
+pytestmark = pytest.mark.slow  # starts processes
+
+
+def fake_server(*options: str) -> list[str]:
+    return [sys.executable, str(FAKE_SERVER), *options]
+
+
+def test_one_child_answers_every_run():
+    server = LabServer(fake_server())
+    try:
+        first = server.run(LAB, 2, timeout_s=30)
+        pid = server.pid
+        second = server.run("what-fsdp-shards", 4, timeout_s=30)
+        assert first.status == second.status == RunStatus.done
+        assert first.result["finding"] == second.result["finding"] == f"served by {pid}"
+        assert second.result["lab"] == "what-fsdp-shards" and second.result["config"]["world_size"] == 4
+        assert server.run("no-such-lab", 2, timeout_s=30).status == RunStatus.failed
+    finally:
+        server.stop()
+    assert process_gone(pid)
+
+
+def test_a_run_past_its_timeout_kills_the_child_and_its_group_and_the_next_run_starts_afresh(tmp_path):
+    log = tmp_path / "fake.log"
+    server = LabServer(fake_server("--sleep", "60", "--child", "--log", str(log)))
+    try:
+        outcome = server.run(LAB, 2, timeout_s=2)
+        assert outcome.status == RunStatus.failed and outcome.error.startswith("timed out after 2 s")
+        assert "request 0: adam-optimizer-state" in outcome.error  # the stderr tail says how far it got
+        pids = [int(line.split()[1]) for line in log.read_text().splitlines()]
+        assert len(pids) == 2
+        wait_for(lambda: all(process_gone(pid) for pid in pids), 10, "the child and its grandchild gone")
+        server.argv = fake_server()
+        assert server.run(LAB, 2, timeout_s=30).status == RunStatus.done
+    finally:
+        server.stop()
+
+
+def test_a_child_that_dies_fails_its_run_clearly_and_an_engine_error_is_a_failed_run(tmp_path):
+    server = LabServer(fake_server("--die-after", "1", "--error-for", "what-fsdp-shards"))
+    try:
+        failed = server.run("what-fsdp-shards", 2, timeout_s=30)
+        assert failed.status == RunStatus.failed and failed.error.startswith("rank 1 failed")
+        died = server.run(LAB, 2, timeout_s=30)
+        assert died.status == RunStatus.failed and "the lab server exited with status 3" in died.error
+        assert server.run(LAB, 2, timeout_s=30).status == RunStatus.done, "a fresh child"
+    finally:
+        server.stop()
+
+
+def test_the_worker_runs_on_the_lab_server_and_its_stop_leaves_nothing(client, csrf_token, app, monkeypatch, tmp_path):
+    log = tmp_path / "fake.log"
+    monkeypatch.setattr(worker_module, "server_argv", lambda idle_s, timeout_s: fake_server("--child", "--log", str(log)))
+    app.config.update(LAB_COMMAND=None, LAB_TIMEOUT_S=30)
+    worker = start_worker(app)
+    try:
+        first = post_run(client, csrf_token, world_size=2).get_json()["run_id"]
+        assert finished(client, first)["status"] == "done"
+        second = post_run(client, csrf_token, "what-fsdp-shards", world_size=2).get_json()["run_id"]
+        body = finished(client, second)
+        assert body["status"] == "done" and body["result"]["finding"] == f"served by {worker.lab_server.pid}"
+        starts = [line for line in log.read_text().splitlines() if line.startswith("start")]
+        assert len(starts) == 1, "both runs on one child"
+    finally:
+        worker.stop()
+    pids = [int(line.split()[1]) for line in log.read_text().splitlines()]
+    wait_for(lambda: all(process_gone(pid) for pid in pids), 10, "the lab server and its child gone")

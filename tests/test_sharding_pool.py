@@ -1,0 +1,122 @@
+"""Warm ranks (sharding_lab.engine.pool): a pool is reused across batches (the same rank processes); a
+rank that dies or hangs ends its batch with RankFailed, the pool is torn down with nothing left behind
+and the next batch builds a fresh one; an idle pool ends by itself; labs of one call share a pool."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import time
+
+import pytest
+from test_sharding_launch import children_of_this_process, crash_in_rank_1, hang_in_rank_1, sum_of_ranks
+
+from sharding_lab.engine.launch import RankFailed
+from sharding_lab.engine.pool import Pools
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def before() -> list[str]:
+    return children_of_this_process()
+
+
+def new_children(before: list[str]) -> list[str]:
+    return [command for command in children_of_this_process() if command not in before]
+
+
+def killed_in_rank_1_mid_run(ctx):
+    import torch
+    import torch.distributed as dist
+
+    ctx.mark("in the collective")
+    if ctx.rank == 1:
+        time.sleep(0.5)  # rank 0 is already waiting in the all-reduce
+        os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(torch.ones(1))
+    return ctx.rank
+
+
+def pid_of(ctx):
+    return os.getpid()
+
+
+def test_a_pool_is_reused_across_batches_and_closing_it_leaves_nothing(before):
+    with Pools(idle_timeout_s=None) as pools:
+        first = pools.run(sum_of_ranks, 2, 10.0, timeout_s=120)
+        pids = pools.pool(2).pids
+        second = pools.run(sum_of_ranks, 2, 20.0, timeout_s=120)
+        assert [r["sum"] for r in first] == [11.0, 11.0] and [r["sum"] for r in second] == [21.0, 21.0]
+        assert pools.run(pid_of, 2, timeout_s=120) == pids, "the same rank processes ran every batch"
+        assert pools.pool(2).batches == 3 and pools.rank_seconds > 0
+    assert new_children(before) == []
+
+
+def test_a_rank_killed_mid_run_ends_it_clearly_and_the_pool_is_rebuilt(before):
+    with Pools(idle_timeout_s=None) as pools:
+        old = pools.run(pid_of, 2, timeout_s=120)
+        with pytest.raises(RankFailed) as failure:
+            pools.run(killed_in_rank_1_mid_run, 2, timeout_s=120)
+        assert failure.value.rank == 1 and "signal 9" in failure.value.reason
+        assert pools.pool(2) is None and new_children(before) == [], "torn down: every rank gone"
+        with pytest.raises(RankFailed, match="injected crash"):
+            pools.run(crash_in_rank_1, 2, timeout_s=120)
+        assert new_children(before) == []
+        new = pools.run(sum_of_ranks, 2, 1.0, timeout_s=120)
+        assert [r["sum"] for r in new] == [2.0, 2.0]
+        assert not set(pools.pool(2).pids) & set(old), "a fresh pool"
+    assert new_children(before) == []
+
+
+def test_a_hung_rank_ends_the_batch_at_the_timeout_with_its_stack(before):
+    with Pools(idle_timeout_s=None) as pools:
+        pools.run(pid_of, 2, timeout_s=120)  # warm: the timeout below is the batch's alone
+        started = time.monotonic()
+        with pytest.raises(RankFailed) as failure:
+            pools.run(hang_in_rank_1, 2, timeout_s=5)
+        assert failure.value.rank == 1 and "hung" in failure.value.reason
+        assert "hang_in_rank_1" in failure.value.reason or "time.sleep" in failure.value.reason
+        assert time.monotonic() - started < 5 + 10
+        assert pools.pool(2) is None and new_children(before) == []
+    assert new_children(before) == []
+
+
+def test_an_idle_pool_ends_by_itself(before):
+    pools = Pools(idle_timeout_s=1.0)
+    try:
+        pools.run(pid_of, 2, timeout_s=120)
+        assert len(new_children(before)) == 2
+        deadline = time.monotonic() + 15
+        while pools.pool(2) is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pools.pool(2) is None and new_children(before) == []
+        assert len(pools.run(pid_of, 2, timeout_s=120)) == 2, "the next batch starts a fresh one"
+    finally:
+        pools.close()
+    assert new_children(before) == []
+
+
+def test_labs_share_the_pool_within_a_call_and_across_requests_to_the_lab_server(before):
+    from sharding_lab.engine import lab_server
+
+    labs = ["adam-optimizer-state", "zero-stages-model-states"]
+    with Pools(idle_timeout_s=None) as pools:
+        answers = [lab_server.answer(json.dumps({"lab": lab, "world_size": 2}), pools, 240) for lab in labs]
+        assert [a["result"]["lab"] for a in answers] == labs, answers
+        pids = pools.pool(2).pids
+        assert lab_server.answer('{"lab": "nope", "world_size": 2}', pools, 240) == {"error": "unknown lab 'nope'"}
+        from sharding_lab.engine.run_labs import run_labs
+
+        timings: dict = {}
+        both = run_labs(labs, 2, pools=pools, timings=timings)
+        assert [run["lab"] for run in both] == labs and all(run["holds"] for run in both)
+        assert pools.pool(2).pids == pids and timings["rank_s"] > 0
+    # The server's own loop: a line per request, a line per answer, pools gone when stdin ends.
+    out = io.StringIO()
+    lab_server.serve(io.StringIO('{"lab": "adam-optimizer-state", "world_size": 2}\nnot json\n'), out, idle_timeout_s=None)
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert lines[0]["result"]["lab"] == "adam-optimizer-state" and "bad request" in lines[1]["error"]
+    assert new_children(before) == []
