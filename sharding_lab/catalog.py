@@ -68,7 +68,7 @@ CATALOG: tuple[LabInfo, ...] = (
     LabInfo(
         "memory-communication-tradeoff",
         "Memory saved against communication added",
-        "FSDP cuts per-rank memory but moves about 1.5x DDP's bytes per step, with all-gathers DDP never needs.",
+        "FSDP cuts per-rank memory but moves more bytes per step than DDP, with all-gathers DDP never needs: up to 1.5x in fp32 (less the root unit it keeps gathered), about DDP's bytes with bf16 all-gathers.",
         ("fsdp-memory-communication-tradeoff", "zero-practical-cost"),
     ),
     LabInfo(

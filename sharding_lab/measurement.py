@@ -181,6 +181,11 @@ class CommSummary:
         return sum(c.bytes for c in self.collectives)
 
     @property
+    def bytes_per_step_paper(self) -> int:
+        """Bytes per step in the ZeRO paper's accounting: an all-reduce counts twice."""
+        return sum(paper_units(c.op) * c.bytes for c in self.collectives)
+
+    @property
     def wire_bytes_per_step_derived(self) -> int:
         return sum(c.wire_bytes_derived or 0 for c in self.collectives)
 
@@ -387,8 +392,7 @@ class Measurement:
 
     def volume_in_params(self) -> float:
         """The step's communication in multiples of the model's fp32 bytes (Ψ), paper accounting."""
-        moved = sum(paper_units(c.op) * c.bytes for c in self.comm.collectives)
-        return moved / self.full_bytes("params")
+        return self.comm.bytes_per_step_paper / self.full_bytes("params")
 
     def timeline(self) -> list[Event]:
         return list(self.comm.timeline)

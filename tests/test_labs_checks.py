@@ -221,6 +221,24 @@ def test_the_adam_lab_fails_when_the_mixed_precision_run_is_fp32_or_keeps_the_pa
     assert LABS["adam-optimizer-state"].check(from_json(raw)).holds is False
 
 
+def test_the_tradeoff_lab_fails_when_its_mixed_precision_run_moved_fp32(measured):
+    from sharding_lab.labs.comm_labs import MIXED
+
+    measurements = lab_measurements(measured, "memory-communication-tradeoff")
+    assert LABS["memory-communication-tradeoff"].check(measurements).holds is True
+    fp32_instead = {**measurements, MIXED: other(measured, "zero3")}
+    assert LABS["memory-communication-tradeoff"].check(fp32_instead).holds is False
+
+
+def test_the_tradeoff_multiples_follow_the_root_share_worked_out_by_hand():
+    from sharding_lab.labs.comm_labs import fsdp_over_ddp
+
+    # r = 0: the paper's 1.5x in fp32; bf16 gathers (2 B) with fp32 reduce-scatters: (2·2 + 4)/8 = 1.
+    assert fsdp_over_ddp(0.0, 4) == 1.5 and fsdp_over_ddp(0.0, 2) == 1.0
+    # gpt2-small's root share, 47.9%: (4·(2 - 0.479) + 4)/8 = 1.2605.
+    assert fsdp_over_ddp(0.479, 4) == pytest.approx(1.2605)
+
+
 def test_doctoring_does_not_leak_into_the_shared_measurements(measured):
     zero3 = other(measured, "zero3")
     assert zero3.part_bytes("optimizer") == [8 * zero3.num_params // WORLD_SIZE] * WORLD_SIZE
