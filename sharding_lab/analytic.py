@@ -130,6 +130,18 @@ def communication_bytes_per_step(
     }
 
 
+def zero1_partition(numels: Sequence[int], world_size: int) -> list[int]:
+    """Elements of optimizer state each rank owns under PyTorch's ZeroRedundancyOptimizer: whole
+    tensors, largest first (a stable sort), each to the rank with the fewest elements so far (the
+    lowest rank on a tie). DeepSpeed's ZeRO-1 instead splits one flat buffer into N equal parts."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    owned = [0] * world_size
+    for numel in sorted(numels, reverse=True):
+        owned[owned.index(min(owned))] += numel
+    return owned
+
+
 def fsdp_shard_numel(shape: Sequence[int], world_size: int) -> int:
     """Elements of one rank's shard of a parameter: FSDP2 pads dim 0 up to a multiple of N, so every
     rank's shard is ceil(dim0/N) rows. A 0-dim parameter counts as shape (1,)."""

@@ -62,7 +62,7 @@ CATALOG: tuple[LabInfo, ...] = (
     LabInfo(
         "persistent-memory-scaling",
         "Persistent memory per rank as ranks are added",
-        "Persistent per-rank model-state memory falls as 1/N under FSDP and stays flat under DDP.",
+        "Persistent per-rank model-state memory falls as 1/N under FSDP and stays flat under DDP; each rank's activations do not shrink with N, so the peak falls slower.",
         ("fsdp-persistent-memory",),
     ),
     LabInfo(
@@ -98,7 +98,7 @@ CATALOG: tuple[LabInfo, ...] = (
     LabInfo(
         "stage1-optimizer-only",
         "Stage 1 shards only the optimizer state",
-        "Under ZeRO stage 1 the optimizer state per rank is about 1/N while parameters and gradients stay full.",
+        "Under ZeRO stage 1 each rank keeps optimizer state for only the parameters it owns while parameters and gradients stay full; PyTorch assigns whole tensors, so a rank's share is 1/N only while every tensor is small beside Ψ/N.",
         ("zero-stage1-optimizer",),
     ),
 )

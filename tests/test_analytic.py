@@ -12,6 +12,7 @@ from sharding_lab.analytic import (
     communication_bytes_per_step,
     fsdp_padded_numel,
     model_states_bytes_per_rank,
+    zero1_partition,
 )
 from sharding_lab.estimate import PAPER_STAGE_NAMES, paper_style, table1
 from sharding_lab.strategies import STRATEGIES
@@ -190,3 +191,12 @@ def test_mixed_precision_communication_counts_each_collective_in_its_own_dtype()
     # The paper's accounting counts DDP's all-reduce twice: 2Ψ elements, 8000 B in fp32.
     assert communication_bytes_per_step(1000, 4, "ddp")["bytes"] == 8000
     assert communication_bytes_per_step(1000, 4, "ddp", bytes_per_element=2)["bytes"] == 4000
+
+
+def test_zero1_partition_is_pytorchs_greedy_whole_tensor_rule():
+    # Largest first, each to the emptiest rank (the lowest on a tie): 9 -> r0, 5 -> r1, 4 -> r1, 3 -> r0 ...
+    assert zero1_partition([3, 9, 4, 5, 1], 2) == [9 + 3, 5 + 4 + 1]
+    # One tensor bigger than Ψ/N sets the fullest rank, whatever the rest do.
+    assert zero1_partition([100, 10, 10, 10, 10], 4) == [100, 20, 10, 10]
+    with pytest.raises(ValueError):
+        zero1_partition([1], 0)

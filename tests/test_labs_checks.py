@@ -239,6 +239,23 @@ def test_the_tradeoff_multiples_follow_the_root_share_worked_out_by_hand():
     assert fsdp_over_ddp(0.479, 4) == pytest.approx(1.2605)
 
 
+def test_scaling_fails_if_activations_shrank_with_n(measured):
+    raw = as_json(lab_measurements(measured, "persistent-memory-scaling"))
+    for rank in raw[scaling_key("zero3", 4)]["memory"]["per_rank"]:
+        rank["category_peaks"]["activations"] //= 2
+    assert LABS["persistent-memory-scaling"].check(from_json(raw)).holds is False
+
+
+def test_stage1_fails_when_the_split_is_not_by_whole_tensors(measured):
+    # The same total, 8 bytes (one element's Adam state) moved from rank 1 to rank 0: no longer a
+    # whole-tensor assignment, though "about 1/N" would still have held.
+    raw = as_json(lab_measurements(measured, "stage1-optimizer-only"))
+    rank0, rank1 = raw["zero1"]["memory"]["per_rank"]
+    rank0["optimizer_bytes"] += 8
+    rank1["optimizer_bytes"] -= 8
+    assert LABS["stage1-optimizer-only"].check(from_json(raw)).holds is False
+
+
 def test_doctoring_does_not_leak_into_the_shared_measurements(measured):
     zero3 = other(measured, "zero3")
     assert zero3.part_bytes("optimizer") == [8 * zero3.num_params // WORLD_SIZE] * WORLD_SIZE
