@@ -1,4 +1,5 @@
-"""`make bench`: every benchmark in one run, each figure beside its target."""
+"""`make bench`: every benchmark in one run, each figure beside its target; exits 1 when a target is
+missed, naming each one missed (`python -m benchmarks labs app` runs only those benchmarks)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,12 @@ def main() -> int:
         print(f"{f.name:<62} {f.value:>10.3f} {f.unit:<3} {f.target:<10} {met}")
         if f.detail:
             print(f"    {f.detail}")
+    missed = [f for f in rows if f.met is False]
+    if missed:
+        print(f"\n{len(missed)} target(s) missed:", file=sys.stderr)
+        for f in missed:
+            print(f"  {f.name}: {f.value:.3f} {f.unit}, target {f.target}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -73,11 +73,12 @@ def build_database(path: Path, cards: int) -> str:
 
 
 def _serve(database_url: str, instance: str, port_queue) -> None:
-    """The server process: the study app plus a bare endpoint, on one werkzeug server."""
+    """The server process: the study app plus a bare endpoint, on the server `studyapp serve` runs
+    (waitress; its access log off, for both alike)."""
     from flask import request
-    from werkzeug.serving import WSGIRequestHandler, make_server
 
     from studyapp import create_app
+    from studyapp.cli.serve import make_server
 
     app = create_app({"DATABASE_URL": database_url, "SECRET_KEY": "bench", "TIMEZONE": "UTC", "CLOCK": lambda: NOW},
                      instance_path=instance)
@@ -92,12 +93,8 @@ def _serve(database_url: str, instance: str, port_queue) -> None:
 
         return csrf_token()
 
-    class QuietHandler(WSGIRequestHandler):
-        def log_request(self, *args, **kwargs) -> None:
-            pass
-
-    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=QuietHandler)
-    port_queue.put(server.server_port)
+    server = make_server(app, "127.0.0.1", 0, access_log=False)
+    port_queue.put(server.port)
     server.serve_forever()
 
 
