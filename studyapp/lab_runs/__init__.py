@@ -2,9 +2,11 @@
 
     queue.py     the rows and their moves: enqueue, claim, finish; the latest finished run per lab
     worker.py    the thread and the machine-wide lock that runs the queue; the LAB_* settings
-    process.py   one lab as a child process: `python -m sharding_lab.cli run LAB --world-size N --json`
+    server.py    the lab server: one long-lived child, `sharding-lab serve-labs`, whose warm ranks run
+                 every lab (the default)
+    process.py   one lab as a child process of its own: `LAB_COMMAND run LAB --world-size N --json`
 
-The web process never imports torch: a lab is always a child process.
+The web process never imports torch: a lab always runs in a child process.
 """
 
 from studyapp.lab_runs.process import Outcome
