@@ -49,8 +49,8 @@ CATALOG: tuple[LabInfo, ...] = (
     ),
     LabInfo(
         "prefetch-overlap",
-        "Prefetching the next block's parameters",
-        "With prefetching, the next block's all-gather is issued before the current block's compute ends.",
+        "Prefetching the next block's parameters: issue order and its memory cost",
+        "With explicit prefetching, FSDP2 issues the next block's all-gather before the current block's compute ends, at the cost of a higher peak; on a GPU its all-gather stream overlaps forward all-gathers with compute even without it.",
         ("fsdp-prefetch-overlap",),
     ),
     LabInfo(

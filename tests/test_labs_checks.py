@@ -239,6 +239,12 @@ def test_the_tradeoff_multiples_follow_the_root_share_worked_out_by_hand():
     assert fsdp_over_ddp(0.479, 4) == pytest.approx(1.2605)
 
 
+def test_fsdp_is_zero3_fails_without_a_units_reduce_scatter(measured):
+    raw = as_json(lab_measurements(measured, "fsdp-is-zero3"))
+    _drop_collectives(raw["zero3"], lambda c: c["op"] == "reduce_scatter" and c["module"] == "blocks.1")
+    assert LABS["fsdp-is-zero3"].check(from_json(raw)).holds is False
+
+
 def test_scaling_fails_if_activations_shrank_with_n(measured):
     raw = as_json(lab_measurements(measured, "persistent-memory-scaling"))
     for rank in raw[scaling_key("zero3", 4)]["memory"]["per_rank"]:
@@ -264,7 +270,7 @@ def test_doctoring_does_not_leak_into_the_shared_measurements(measured):
 def test_prefetch_finding_reports_the_profilers_overlap_when_the_run_has_one(measured):
     # CUDA runs carry the profiler's overlap; CPU runs do not, and the finding says why order is the evidence.
     raw = as_json(lab_measurements(measured, "prefetch-overlap"))
-    assert "order is the evidence" in LABS["prefetch-overlap"].report(from_json(raw)).finding
+    assert "the order issued is what this run shows" in LABS["prefetch-overlap"].report(from_json(raw)).finding
     for key, fraction in ((PREFETCH_ON, 0.75), (PREFETCH_OFF, 0.05)):
         raw[key]["config"]["device"] = "cuda:0"
         raw[key]["overlap"] = {

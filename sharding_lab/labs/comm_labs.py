@@ -147,6 +147,11 @@ class PrefetchOrder:
     off: Measurement
     # run key -> phase -> per block boundary: the next block's all-gather issued before this block ended
     prefetched: dict[str, dict[str, list[bool]]]
+    block: int  # one block's full parameter bytes
+    peak_on: int  # rank 0's peak with prefetching, and without
+    peak_off: int
+    params_at_peak_on: int  # parameter bytes (shards and gathered) alive at that peak, and without
+    params_at_peak_off: int
 
 
 def analyse_prefetch_overlap(ms: Measurements) -> PrefetchOrder:
@@ -155,22 +160,30 @@ def analyse_prefetch_overlap(ms: Measurements) -> PrefetchOrder:
         key: {phase: prefetched_blocks(m, phase) for phase in ("forward", "backward")}
         for key, m in ((PREFETCH_ON, on), (PREFETCH_OFF, off))
     }
-    return PrefetchOrder(on, off, prefetched)
+    return PrefetchOrder(
+        on, off, prefetched, on.root_and_block_bytes()[1],
+        on.ranks[0].peak_bytes, off.ranks[0].peak_bytes,
+        on.categories(0).get("params", 0), off.categories(0).get("params", 0),
+    )
 
 
 def _overlap_text(on: Measurement, off: Measurement) -> str:
     """What timing can show: the profiler's overlap on CUDA; on CPU nothing, so no (noisy) step times
     go into the finding, which stays the same from run to run."""
+    stream = (
+        " FSDP2 issues all-gathers on a stream of their own, and the CPU runs ahead of the GPU, so on a GPU "
+        "forward all-gathers overlap the previous block's compute even without explicit prefetching; explicit "
+        "prefetching issues them earlier still."
+    )
     if on.overlap and off.overlap:
         return (
             f" On {on.config.device}, the profiler saw {percent(on.overlap.overlapped_fraction_of_comm)} of NCCL "
             f"kernel time overlap compute with prefetching and {percent(off.overlap.overlapped_fraction_of_comm)} "
-            f"without."
+            f"without." + stream
         )
     return (
         " On CPU each gloo collective blocks the rank's one thread, so nothing overlaps and the step times (in the "
-        "table) are noise: the order is the evidence. On a GPU the all-gather runs on its own stream while the "
-        "block computes, and the profiler shows the overlap."
+        "table) are noise: the order issued is what this run shows, not overlap." + stream
     )
 
 
@@ -186,6 +199,11 @@ def check_prefetch_overlap(a: PrefetchOrder) -> Verdict:
             not any(without),
             f"{phase}, no prefetch: each all-gather waits for the previous block to end ({without})",
         )
+    c.require(
+        a.peak_on > a.peak_off and a.params_at_peak_on - a.params_at_peak_off >= a.block,
+        f"prefetching costs memory: a peak {a.peak_on - a.peak_off:,} B higher, holding "
+        f"{a.params_at_peak_on - a.params_at_peak_off:,} B more parameters (a block is {a.block:,} B)",
+    )
     return c.verdict()
 
 
@@ -197,7 +215,11 @@ def report_prefetch_overlap(a: PrefetchOrder) -> Report:
     finding = (
         f"With prefetching, the next block's all-gather was issued before the current block's compute ended for "
         f"{counted(PREFETCH_ON, 'forward')} block boundaries in forward and {counted(PREFETCH_ON, 'backward')} in "
-        f"backward; without it, for {counted(PREFETCH_OFF, 'forward')} and {counted(PREFETCH_OFF, 'backward')}."
+        f"backward; without it, for {counted(PREFETCH_OFF, 'forward')} and {counted(PREFETCH_OFF, 'backward')}. "
+        f"The cost is memory: with prefetching rank 0's peak was {human_bytes(a.peak_on)} against "
+        f"{human_bytes(a.peak_off)}, holding {human_bytes(a.params_at_peak_on - a.params_at_peak_off)} more "
+        f"parameters at that moment, the next block's gathered parameters ({human_bytes(a.block)} a block) in memory "
+        f"beside the current one's (measured by the tracker, this model, fp32)."
         + _overlap_text(a.on, a.off)
     )
     rows = []
@@ -211,6 +233,7 @@ def report_prefetch_overlap(a: PrefetchOrder) -> Report:
                 round(m.step_time_s, 4),
                 len(gathers),
                 sum(g.prefetch for g in gathers),
+                m.ranks[0].peak_bytes,
             )
         )
     n_blocks = a.on.n_blocks
@@ -224,6 +247,7 @@ def report_prefetch_overlap(a: PrefetchOrder) -> Report:
                 "step time s",
                 "all-gathers per step",
                 "issued ahead by another unit",
+                "peak bytes (rank 0)",
             ),
             tuple(rows),
         ),

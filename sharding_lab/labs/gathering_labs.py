@@ -8,9 +8,10 @@ and root sizes from the forward all-gathers, one per FSDP unit.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from sharding_lab.analytic import model_states_bytes_per_rank
+from sharding_lab.analytic import fsdp_padded_numel, model_states_bytes_per_rank
 from sharding_lab.labs import charts
 from sharding_lab.labs.base import (
     Conditions,
@@ -25,6 +26,7 @@ from sharding_lab.labs.base import (
     shares_text,
 )
 from sharding_lab.measurement import PARTS, Measurement
+from sharding_lab.model_config import GPTConfig, parameter_shapes
 from sharding_lab.strategies import Strategy
 from sharding_lab.svg import Bar, stacked_bar_chart
 from sharding_lab.units import human_bytes
@@ -132,7 +134,9 @@ def report_reshard_after_forward(a: Resharding) -> Report:
         f"{blocks(off.after_forward)} of {a.n_blocks} blocks stay unsharded until backward "
         f"({human_bytes(off.after_forward[0])} when forward ends, against "
         f"{human_bytes(on.after_forward[0])}). Between steps each rank keeps only its "
-        f"{human_bytes(on.shard[0])} shard."
+        f"{human_bytes(on.shard[0])} shard. (PyTorch's FSDP2 here; torchtitan also leaves the last block "
+        f"unresharded, since backward needs it first, and DeepSpeed's ZeRO-3 keeps a parameter gathered when it "
+        f"is used again within max_reuse_distance, skipping that re-gather.)"
     )
     rows = tuple(
         (
@@ -260,9 +264,23 @@ def report_stage3_params(a: StageParams) -> Report:
 # --- fsdp-is-zero3 ---------------------------------------------------------------------------------------------
 
 
+# DeepSpeed ZeRO-3's default stage3_param_persistence_threshold: smaller parameters are never partitioned.
+DEEPSPEED_PERSISTENCE_THRESHOLD = 100_000
+
+
+def _persistent_share(m: Measurement) -> float:
+    """The share of Ψ in tensors DeepSpeed's ZeRO-3 would keep whole on every rank (derived from shapes)."""
+    numels = [math.prod(shape) for _, shape in parameter_shapes(GPTConfig(**m.config.model))]
+    return sum(n for n in numels if n < DEEPSPEED_PERSISTENCE_THRESHOLD) / sum(numels)
+
+
 def predicted_model_states(m: Measurement, stage: Strategy) -> dict[str, int]:
-    """The ZeRO paper's per-rank model states for `stage`, with FSDP's padding of uneven dims."""
-    return model_states_bytes_per_rank(m.num_params, m.world_size, stage, padded_num_params=m.padded_num_params)
+    """The ZeRO paper's per-rank model states for `stage`, worked out from the model's definition (its
+    parameter shapes, FSDP's dim-0 padding applied), not from the counts the run reported."""
+    shapes = [shape for _, shape in parameter_shapes(GPTConfig(**m.config.model))]
+    psi = sum(math.prod(shape) for shape in shapes)
+    padded = fsdp_padded_numel(shapes, m.world_size)
+    return model_states_bytes_per_rank(psi, m.world_size, stage, padded_num_params=padded)
 
 
 @dataclass(frozen=True)
@@ -272,13 +290,32 @@ class AgainstStages:
     stage3: dict[str, int]  # the paper's per-rank model states, with FSDP's padding
     stage2: dict[str, int]
     short: int  # the most bytes a rank's shard is short of the padded shard
+    units: int  # FSDP units: every block and the root
+    forward_gathers: dict[str, int]  # unit -> all-gathers in forward
+    backward_scatters: dict[str, int]  # unit -> reduce-scatters in backward
+    root: int  # the root unit's full parameter bytes
 
 
 def analyse_fsdp_is_zero3(ms: Measurements) -> AgainstStages:
     zero3, zero2 = ms["zero3"], ms["zero2"]
     short = max(zero3.full_model_states_bytes() // zero3.num_params * r.padding_elements for r in zero3.ranks)
+
+    def per_unit(op: str, phase: str) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for c in zero3.collectives(op=op, phase=phase):
+            counts[c.module or ""] = counts.get(c.module or "", 0) + 1
+        return counts
+
     return AgainstStages(
-        zero3, zero2, predicted_model_states(zero3, Strategy.ZERO3), predicted_model_states(zero2, Strategy.ZERO2), short
+        zero3,
+        zero2,
+        predicted_model_states(zero3, Strategy.ZERO3),
+        predicted_model_states(zero2, Strategy.ZERO2),
+        short,
+        zero3.n_blocks + 1,
+        per_unit("all_gather", "forward"),
+        per_unit("reduce_scatter", "backward"),
+        zero3.root_and_block_bytes()[0],
     )
 
 
@@ -296,6 +333,21 @@ def check_fsdp_is_zero3(a: AgainstStages) -> Verdict:
             all(b == a.stage2[part] for b in measured),
             f"reshard-off {part} {measured} = stage 2's {a.stage2[part]}",
         )
+    # Stage 3's signature in the step itself: every unit gathered once in forward and freed after it
+    # (only the root, which backward needs first, stays), every unit's gradients reduce-scattered.
+    c.require(
+        len(a.forward_gathers) == a.units and set(a.forward_gathers.values()) == {1},
+        f"FSDP all-gathers each of its {a.units} units once in forward ({a.forward_gathers})",
+    )
+    c.require(
+        all(b <= a.root for b in a.zero3.unsharded_after_forward()),
+        f"FSDP frees every block's gathered parameters after its forward "
+        f"({' / '.join(f'{b:,}' for b in a.zero3.unsharded_after_forward())} B left: the root's {a.root:,})",
+    )
+    c.require(
+        len(a.backward_scatters) == a.units and set(a.backward_scatters.values()) == {1},
+        f"FSDP reduce-scatters each unit's gradients once in backward ({a.backward_scatters})",
+    )
     gathered, full = a.zero2.unsharded_after_forward(), a.zero2.padded_full_bytes("params")
     c.require(
         all(b == full for b in gathered),
@@ -321,7 +373,10 @@ def report_fsdp_is_zero3(a: AgainstStages) -> Report:
         f"{zero3.part_bytes('optimizer')[0]:,} / {stage3['optimizer']:,}. With reshard-after-forward off, "
         f"gradients and optimizer state match stage 2 ({zero2.part_bytes('grads')[0]:,} and "
         f"{zero2.part_bytes('optimizer')[0]:,} B) and the full {zero2.unsharded_after_forward()[0]:,} B of "
-        f"parameters stay gathered from forward to backward, as stage 2 keeps them."
+        f"parameters stay gathered from forward to backward, as stage 2 keeps them. That is PyTorch's FSDP2, which "
+        f"shards every parameter: DeepSpeed's ZeRO-3 leaves parameters under stage3_param_persistence_threshold "
+        f"({DEEPSPEED_PERSISTENCE_THRESHOLD:,} elements by default) replicated: {_persistent_share(zero3):.1%} of Ψ "
+        f"of this model."
     )
     rows = []
     for key, m, predicted in (("zero3", zero3, stage3), ("zero2", zero2, a.stage2)):
