@@ -110,4 +110,4 @@ def test_run_one_lab_json_measures_and_holds():
     assert "2.00x" in run["finding"]
     assert run["measurements"]["ddp"]["config"]["world_size"] == 2
     assert {"strategy", "world_size", "backend", "device", "torch_version"} <= set(run["config"])
-    assert run["config"]["world_size"] == 2 and run["config"]["strategy"] == "ddp"
+    assert run["config"]["world_size"] == 2 and run["config"]["strategy"] == "ddp, zero3"

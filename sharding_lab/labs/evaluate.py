@@ -47,7 +47,7 @@ def evaluate(
         "claim": lab.info.claim,
         "questions": list(lab.info.questions),
         "holds": verdict.holds,
-        "finding": report.finding,
+        "finding": f"{report.finding} {where_it_holds(measurements)}",
         "reasons": list(verdict.reasons),
         "table": report.table.to_dict(),
         "charts": report.charts,
@@ -65,6 +65,21 @@ def evaluate(
         },
         "duration_s": round(launch_seconds + time.perf_counter() - started, 3),
     }
+
+
+def where_it_holds(measurements: Measurements) -> str:
+    """One sentence on what the finding's numbers are true of: the implementation, the model, the
+    dtypes and the ranks they were measured on."""
+    configs = [m.config for m in measurements.values()]
+    first = configs[0]
+    dtypes = " and ".join(
+        dict.fromkeys("bf16 mixed precision" if c.mixed_precision else "fp32" for c in configs)
+    )
+    ranks = ", ".join(str(n) for n in sorted({c.world_size for c in configs}))
+    return (
+        f"(Measured: PyTorch {first.torch_version}'s implementations, the {first.size} model "
+        f"({configs[0].num_params:,} parameters), {dtypes}, {ranks} {first.backend} rank(s) on {first.device}.)"
+    )
 
 
 def _assess(lab: Lab, measurements: Measurements) -> tuple[Verdict, Report]:
