@@ -20,20 +20,18 @@ from typing import TYPE_CHECKING
 
 from sharding_lab import estimate
 from sharding_lab.labs.commands import register as register_labs  # list, run (no torch on import)
+from sharding_lab.model_config import SIZES
 from sharding_lab.run_config import DEVICES, Placement, RunConfig
 from sharding_lab.strategies import NAMES, STRATEGIES
 
 if TYPE_CHECKING:
     from sharding_lab.measurement import Measurement
 
-# Spelled out so that `--help` and `estimate` never import torch (sharding_lab.engine.model holds the real
-# definitions; a test keeps them equal).
-SIZES = ("tiny", "gpt2-small", "gpt2-medium", "gpt2-large", "1b", "7b", "70b")
 
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-size", type=int, default=2, help="ranks to start (default 2)")
-    parser.add_argument("--size", default="tiny", choices=SIZES, help="model size (default tiny)")
+    parser.add_argument("--size", default="tiny", choices=list(SIZES), help="model size (default tiny)")
     parser.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True,
                         help="FSDP explicit prefetching of the next block's all-gather (default on)")
     parser.add_argument("--mixed-precision", action="store_true", help="bf16 parameters, fp32 reduction")

@@ -29,6 +29,10 @@ class GPTConfig:
 SIZES: dict[str, GPTConfig] = {
     # 4 blocks so per-block effects (one all-gather per block) are visible; 60k parameters.
     "tiny": GPTConfig(block_size=32, vocab_size=128, n_layer=4, n_head=2, n_embd=32),
+    # Still seconds on CPU ranks (1.03M parameters), but shaped like a real model: its untied embedding
+    # and head are 25.5% of Ψ each and the root unit 51% (gpt2-small: 23.7% and 47.9%), so effects that
+    # depend on one tensor outweighing Ψ/N, or on the root's share, are real here and not in `tiny`.
+    "mini": GPTConfig(block_size=64, vocab_size=4096, n_layer=10, n_head=4, n_embd=64),
     "gpt2-small": GPTConfig(n_layer=12, n_head=12, n_embd=768),  # 124M as GPT-2 (tied), 163M untied
     "gpt2-medium": GPTConfig(n_layer=24, n_head=16, n_embd=1024),  # 406M untied
     "gpt2-large": GPTConfig(n_layer=36, n_head=20, n_embd=1280),  # 838M untied

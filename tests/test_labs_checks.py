@@ -252,6 +252,22 @@ def test_scaling_fails_if_activations_shrank_with_n(measured):
     assert LABS["persistent-memory-scaling"].check(from_json(raw)).holds is False
 
 
+def test_stage1s_old_about_1_over_n_claim_held_on_tiny_only(measured):
+    from sharding_lab.labs.model_state_labs import STAGE1_MEASURED_KEY
+
+    measurements = lab_measurements(measured, "stage1-optimizer-only")
+    tiny, mini = measurements["zero1"], measurements[STAGE1_MEASURED_KEY]
+    # "Each rank about 1/N, within 25%" (the old check) holds on tiny and fails on mini at 8 ranks ...
+    assert all(abs(share * 2 - 1) <= 0.25 for share in tiny.shares("optimizer"))
+    assert mini.part_bytes("optimizer")[0] * 8 / mini.full_bytes("optimizer") > 1.25
+    # ... where rank 0 holds the embedding's Adam state alone: 8 bytes x 4096 x 64 elements.
+    assert mini.part_bytes("optimizer")[0] == 8 * 4096 * 64
+    # An even flat split there (DeepSpeed's) is not what PyTorch does: the check fails on it.
+    raw = as_json(measurements)
+    raw[STAGE1_MEASURED_KEY]["memory"]["per_rank"][0]["optimizer_bytes"] = mini.full_bytes("optimizer") // 8
+    assert LABS["stage1-optimizer-only"].check(from_json(raw)).holds is False
+
+
 def test_stage1_fails_when_the_split_is_not_by_whole_tensors(measured):
     # The same total, 8 bytes (one element's Adam state) moved from rank 1 to rank 0: no longer a
     # whole-tensor assignment, though "about 1/N" would still have held.

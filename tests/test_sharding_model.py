@@ -34,7 +34,7 @@ def test_sizes_span_tiny_to_70b():
 
 
 def test_unknown_size_names_the_valid_ones():
-    with pytest.raises(ValueError, match="tiny, gpt2-small"):
+    with pytest.raises(ValueError, match="tiny, mini, gpt2-small"):
         config_for("huge")
     assert config_for("tiny", n_layer=2).n_layer == 2
 

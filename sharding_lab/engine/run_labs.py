@@ -43,9 +43,14 @@ def run_lab(
 
 
 def lab_specs(lab_id: str, world_size: int, *, size: str = "tiny", device: str = "cpu") -> tuple[RunSpec, ...]:
-    """The lab's runs at `world_size`, on the model `size` and `device` asked for."""
+    """The lab's runs at `world_size`, on the model `size` (unless a run needs its own) and `device`."""
     return tuple(
-        RunSpec(spec.key, spec.config.replace(size=size, device=device)) for spec in get_lab(lab_id).runs(world_size)
+        RunSpec(
+            spec.key,
+            spec.config.replace(device=device, **({} if spec.size_fixed else {"size": size})),
+            spec.size_fixed,
+        )
+        for spec in get_lab(lab_id).runs(world_size)
     )
 
 
@@ -104,13 +109,14 @@ def measure_configs(
 
     Returns the measurements keyed by their RunConfig and each batch's wall seconds.
     """
-    by_world_size: dict[int, list[RunConfig]] = {}
+    # One batch per world size and placement (a rank view runs apart from real ranks).
+    batches: dict[tuple[int, str], list[RunConfig]] = {}
     for config in dict.fromkeys(configs):
-        by_world_size.setdefault(config.world_size, []).append(config)
+        batches.setdefault((config.world_size, str(config.placement)), []).append(config)
     measured: dict[RunConfig, Measurement] = {}
     seconds: dict[int, float] = {}
     rank_seconds_before = pools.rank_seconds if pools is not None else 0.0
-    for world_size, distinct in sorted(by_world_size.items()):
+    for (world_size, _placement), distinct in sorted(batches.items()):
         if on_progress:
             names = ", ".join(config.label for config in distinct)
             on_progress(f"launching {world_size} rank{'s' if world_size > 1 else ''}: {names}")
@@ -121,7 +127,7 @@ def measure_configs(
         for note in {m.config.placement_note for m in results if m.config.placement_note}:
             if on_progress:
                 on_progress(note)
-        seconds[world_size] = time.perf_counter() - started
+        seconds[world_size] = seconds.get(world_size, 0.0) + time.perf_counter() - started
         measured.update(zip(distinct, results, strict=True))
     if timings is not None and pools is not None:
         timings["rank_s"] = timings.get("rank_s", 0.0) + pools.rank_seconds - rank_seconds_before

@@ -27,6 +27,7 @@ class RunSpec:
 
     key: str  # e.g. "zero3" or "zero3, N=4"
     config: RunConfig  # hashable: labs that need the same configuration share one measurement
+    size_fixed: bool = False  # the run needs its own model size, whatever size the labs are run on
 
     def to_json(self) -> dict:
         """How a run is listed: its key, strategy, world size and the options that differ from the defaults."""

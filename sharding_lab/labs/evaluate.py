@@ -68,18 +68,23 @@ def evaluate(
 
 
 def where_it_holds(measurements: Measurements) -> str:
-    """One sentence on what the finding's numbers are true of: the implementation, the model, the
+    """One sentence on what the finding's numbers are true of: the implementation, the models, the
     dtypes and the ranks they were measured on."""
     configs = [m.config for m in measurements.values()]
-    first = configs[0]
-    dtypes = " and ".join(
-        dict.fromkeys("bf16 mixed precision" if c.mixed_precision else "fp32" for c in configs)
+    groups: dict[tuple, list[str]] = {}
+    for c in configs:
+        ranks = (
+            f"a rank view of {c.world_size} ranks" if c.placement == "rank-view"
+            else f"{c.world_size} {c.backend} rank{'s' if c.world_size > 1 else ''}"
+        )
+        dtype = "bf16 mixed precision" if c.mixed_precision else "fp32"
+        groups.setdefault((c.size, c.num_params), [])
+        if (text := f"{ranks}, {dtype}") not in groups[(c.size, c.num_params)]:
+            groups[(c.size, c.num_params)].append(text)
+    where = "; ".join(
+        f"the {size} model ({psi:,} parameters) on {' and '.join(runs)}" for (size, psi), runs in groups.items()
     )
-    ranks = ", ".join(str(n) for n in sorted({c.world_size for c in configs}))
-    return (
-        f"(Measured: PyTorch {first.torch_version}'s implementations, the {first.size} model "
-        f"({configs[0].num_params:,} parameters), {dtypes}, {ranks} {first.backend} rank(s) on {first.device}.)"
-    )
+    return f"(Measured with PyTorch {configs[0].torch_version}'s implementations on {configs[0].device}: {where}.)"
 
 
 def _assess(lab: Lab, measurements: Measurements) -> tuple[Verdict, Report]:

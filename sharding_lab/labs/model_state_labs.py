@@ -27,7 +27,7 @@ from sharding_lab.labs.base import (
 )
 from sharding_lab.measurement import PARTS, Measurement
 from sharding_lab.model_config import GPTConfig, config_for, parameter_shapes
-from sharding_lab.run_config import RunConfig
+from sharding_lab.run_config import Placement, RunConfig
 from sharding_lab.strategies import Strategy
 from sharding_lab.svg import Bar, stacked_bar_chart
 from sharding_lab.units import human_bytes
@@ -35,6 +35,42 @@ from sharding_lab.units import human_bytes
 # Where stage 1's whole-tensor split is shown at scale, derived from PyTorch's rule (not measured):
 # gpt2-small's untied embedding and head are 38.6M elements each, more than Ψ/N from N = 5 on.
 STAGE1_AT_SCALE = ("gpt2-small", (8, 16))
+# And measured: `mini` (an embedding and a head of 25.5% of Ψ each) at 8 ranks, as a rank view (one
+# process holding rank 0's real tensors), where rank 0 owns the embedding's Adam state alone.
+STAGE1_MEASURED_KEY, STAGE1_MEASURED_SIZE, STAGE1_MEASURED_RANKS = "zero1, mini at N=8", "mini", 8
+
+
+def stage1_runs(world_size: int) -> tuple[RunSpec, ...]:
+    at_scale = RunConfig(
+        Strategy.ZERO1, world_size=STAGE1_MEASURED_RANKS, size=STAGE1_MEASURED_SIZE,
+        placement=Placement.RANK_VIEW, timed_steps=1,
+    )
+    return (
+        *runs_at(("ddp", Strategy.DDP, {}), ("zero1", Strategy.ZERO1, {}))(world_size),
+        RunSpec(STAGE1_MEASURED_KEY, at_scale, size_fixed=True),
+    )
+
+
+@dataclass(frozen=True)
+class Stage1:
+    states: ModelStates  # ddp and zero1 at the lab's N
+    expected: list[int]  # zero1's optimizer bytes per rank by PyTorch's rule, from the shapes
+    at_scale: Measurement  # zero1 on `mini` at 8 ranks: rank 0's view
+    at_scale_expected: int  # rank 0's optimizer bytes there, by the same rule
+    at_scale_share: float  # rank 0's optimizer bytes over its 1/N share, measured
+
+
+def analyse_stage1(ms: Measurements) -> Stage1:
+    states = analyse_model_states({key: ms[key] for key in ("ddp", "zero1")})
+    at_scale = ms[STAGE1_MEASURED_KEY]
+    full_optimizer = at_scale.full_bytes("optimizer")
+    return Stage1(
+        states,
+        zero1_optimizer_bytes(ms["zero1"]),
+        at_scale,
+        zero1_optimizer_bytes(at_scale)[0],
+        at_scale.part_bytes("optimizer")[0] * at_scale.world_size / full_optimizer,
+    )
 
 
 def zero1_optimizer_bytes(m: Measurement) -> list[int]:
@@ -499,52 +535,67 @@ def report_adam_state(a: AdamState) -> Report:
 # --- stage1-optimizer-only ---------------------------------------------------------------------------------
 
 
-def check_stage1(a: ModelStates) -> Verdict:
-    optimizer = a.part("zero1", "optimizer")
-    expected = zero1_optimizer_bytes(a.ms["zero1"])
+def check_stage1(a: Stage1) -> Verdict:
+    optimizer = a.states.part("zero1", "optimizer")
     c = Conditions()
     c.require(
-        optimizer.bytes == expected,
+        optimizer.bytes == a.expected,
         f"zero1: each rank holds Adam's state for whole tensors, as PyTorch's greedy rule assigns them "
         f"({' / '.join(f'{b:,}' for b in optimizer.bytes)} B; worked out from the shapes: "
-        f"{' / '.join(f'{b:,}' for b in expected)} B)",
+        f"{' / '.join(f'{b:,}' for b in a.expected)} B)",
     )
     c.require(
-        sum(optimizer.bytes) == a.full["optimizer"],
+        sum(optimizer.bytes) == a.states.full["optimizer"],
         "zero1: the ranks' optimizer shards add up to one copy",
     )
     for part in ("params", "grads"):
-        held = a.part("zero1", part)
+        held = a.states.part("zero1", part)
         c.require(held.held_in_full, f"zero1: {part} full on every rank ({shares_text(held.shares)})")
+    measured = a.at_scale.part_bytes("optimizer")[0]
+    c.require(
+        measured == a.at_scale_expected and a.at_scale_share > 1,
+        f"zero1 on {a.at_scale.config.size} at N={a.at_scale.world_size} (rank 0's view): {measured:,} B of Adam "
+        f"state, {a.at_scale_share:.2f}x its 1/{a.at_scale.world_size} share, as the rule gives "
+        f"({a.at_scale_expected:,} B): one whole tensor outweighs Ψ/N",
+    )
     return c.verdict()
 
 
-def report_stage1(a: ModelStates) -> Report:
-    n = a.world_size
-    optimizer = a.part("zero1", "optimizer")
+def report_stage1(a: Stage1) -> Report:
+    n = a.states.world_size
+    optimizer = a.states.part("zero1", "optimizer")
     fullest = max(optimizer.shares) * n
     size, world_sizes = STAGE1_AT_SCALE
     at_scale = ", ".join(f"{fullest_share(size, w):.2f}x at N={w}" for w in world_sizes)
+    measured = a.at_scale
     finding = (
         f"At N={n}, PyTorch's ZeRO-1 (ZeroRedundancyOptimizer) leaves the ranks "
         f"{shares_text(optimizer.shares)} of Adam's state "
         f"({' / '.join(human_bytes(b) for b in optimizer.bytes)}; the fullest rank {fullest:.2f}x its 1/{n} share) "
         f"while parameters and gradients stay full "
-        f"({shares_text(a.part('zero1', 'params').shares)} and {shares_text(a.part('zero1', 'grads').shares)}); "
-        f"DDP holds {human_bytes(a.part('ddp', 'optimizer').bytes[0])} of optimizer state on every rank. "
+        f"({shares_text(a.states.part('zero1', 'params').shares)} and "
+        f"{shares_text(a.states.part('zero1', 'grads').shares)}); DDP holds "
+        f"{human_bytes(a.states.part('ddp', 'optimizer').bytes[0])} of optimizer state on every rank. "
         f"It assigns whole tensors, largest first, each to the emptiest rank, so the split is 1/N only while every "
-        f"tensor is small beside Ψ/N, as in this model: for {size}, whose untied embedding and head are "
-        f"{percent(largest_tensor_share(size))} of Ψ each, the fullest rank would hold {at_scale} (derived from "
-        f"the same rule). DeepSpeed's ZeRO-1 "
-        f"splits one flat buffer, exactly 1/N per rank."
+        f"tensor is small beside Ψ/N. On the {measured.config.size} model, whose embedding and head are "
+        f"{percent(largest_tensor_share(measured.config.size))} of Ψ each, rank 0 of {measured.world_size} measured "
+        f"{human_bytes(measured.part_bytes('optimizer')[0])} of Adam state, {a.at_scale_share:.2f}x its share "
+        f"(a rank view: rank 0's real tensors in one process); for {size} ({percent(largest_tensor_share(size))} "
+        f"each) the fullest rank would hold {at_scale} (derived from the same rule). DeepSpeed's ZeRO-1 splits one "
+        f"flat buffer, exactly 1/N per rank."
     )
     keys = ["ddp", "zero1"]
+    rows = (
+        *_model_states_rows(a.states, keys),
+        (STAGE1_MEASURED_KEY, 0, *(measured.part_bytes(part)[0] for part in PARTS), measured.model_states_bytes()[0],
+         round(measured.model_states_bytes()[0] / measured.full_model_states_bytes(), 4)),
+    )
     return Report(
         finding,
-        Table(MODEL_STATES_COLUMNS, _model_states_rows(a, keys)),
+        Table(MODEL_STATES_COLUMNS, rows),
         {
             "model_states": charts.model_states_chart(
-                f"Model states on each rank, DDP vs ZeRO-1 (N={n})", a.ms, keys, every_rank=True
+                f"Model states on each rank, DDP vs ZeRO-1 (N={n})", a.states.ms, keys, every_rank=True
             )
         },
     )
@@ -581,8 +632,8 @@ MODEL_STATE_LABS: tuple[Lab, ...] = (
     ),
     catalog_lab(
         "stage1-optimizer-only",
-        runs_at(("ddp", Strategy.DDP, {}), ("zero1", Strategy.ZERO1, {})),
-        analyse_model_states,
+        stage1_runs,
+        analyse_stage1,
         check_stage1,
         report_stage1,
     ),
