@@ -171,10 +171,13 @@ def report_what_fsdp_shards(a: ModelStates) -> Report:
         f"{part} {human_bytes(a.part('zero3', part).bytes[0])} ({percent(a.part('zero3', part).shares[0])})"
         for part in PARTS
     )
+    peaks = {key: a.ms[key].ranks[0].peak_bytes for key in ("ddp", "zero3")}
     finding = (
         f"At N={n}, each DDP rank holds the full model states ({held}); each FSDP rank holds "
         f"{sharded}: 1/{n} of every part, {human_bytes(a.totals['zero3'][0])} "
-        f"instead of {human_bytes(a.totals['ddp'][0])}."
+        f"instead of {human_bytes(a.totals['ddp'][0])}. The step's peak falls less: "
+        f"{human_bytes(peaks['zero3'])} against {human_bytes(peaks['ddp'])} ({peaks['zero3'] / peaks['ddp']:.2f} of "
+        f"it), since activations and the blocks gathered for compute are not sharded."
     )
     keys = ["ddp", "zero3"]
     return Report(
@@ -390,7 +393,8 @@ def report_zero_stages(a: ModelStates) -> Report:
     finding = (
         f"Share of the full parameters/gradients/optimizer state on rank 0 at N={n}: "
         + "; ".join(f"{key} {shares(key)}" for key in keys)
-        + f"; model states between steps {', '.join(human_bytes(a.totals[k][0]) for k in keys)}. "
+        + f"; model states between steps {', '.join(human_bytes(a.totals[k][0]) for k in keys)}, the step's peak "
+        f"{', '.join(human_bytes(a.ms[k].ranks[0].peak_bytes) for k in keys)}. "
         f"zero2 (FSDP2, reshard-after-forward off) keeps "
         f"{percent(after_forward['zero2'] / full_params)} of the parameters unsharded from forward "
         f"to backward, where stage 2 keeps them replicated, and reshards them after backward (the paper's stage 2 "
