@@ -81,6 +81,8 @@ class MeasuredConfig:
     warmup_steps: int
     timed_steps: int
     seed: int
+    cuda_version: str | None = None  # torch's CUDA build, on CUDA
+    gpu_name: str | None = None  # e.g. "NVIDIA H200", on CUDA
     placement: str = "ranks"  # ranks, rank-view (rank 0's memory only) or shared-gpu (run_config.Placement)
     placement_note: str = ""  # what was asked, what the machine had, what was done instead
 

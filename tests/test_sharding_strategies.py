@@ -235,7 +235,7 @@ CONTRACT = {
     "config": {"strategy", "world_size", "size", "backend", "device", "torch_version", "prefetch",
                "mixed_precision", "reshard_after_forward", "num_params", "padded_num_params", "n_blocks",
                "model", "seq_len", "batch_size_per_rank", "warmup_steps", "timed_steps", "seed", "placement",
-               "placement_note"},
+               "placement_note", "cuda_version", "gpu_name"},
     "memory.per_rank[]": {"rank", "params_bytes", "grads_bytes", "optimizer_bytes", "model_states_bytes",
                           "optimizer_scalar_bytes", "padding_elements", "padding_bytes", "peak_bytes",
                           "persistent_bytes", "categories", "category_peaks", "unsharded_params_peak_bytes",

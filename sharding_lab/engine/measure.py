@@ -316,6 +316,8 @@ def _measure_one(ctx: RankContext, config: RunConfig, index: int, count: int, al
             "backend": ctx.backend,
             "device": str(ctx.device),
             "torch_version": str(torch.__version__),  # a TorchVersion would need torch to unpickle
+            "cuda_version": torch.version.cuda if ctx.device.type == "cuda" else None,
+            "gpu_name": torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else None,
             "num_params": inner.num_params(),  # a DTensor's numel is its global size
             "padded_num_params": padded_numel(inner, ctx.world_size),
             "n_blocks": len(inner.blocks),

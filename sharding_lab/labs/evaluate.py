@@ -62,6 +62,8 @@ def evaluate(
             "backend": first.backend,
             "device": first.device,
             "torch_version": first.torch_version,
+            "cuda_version": first.cuda_version,
+            "gpu_name": first.gpu_name,
         },
         "duration_s": round(launch_seconds + time.perf_counter() - started, 3),
     }

@@ -1,0 +1,51 @@
+"""Write exports/gpu-results.json from what scripts/gpu-check collected in its work folder."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+
+def main(work: Path, out: Path) -> int:
+    comparisons_file = work / "comparisons.jsonl"
+    comparisons = [json.loads(line) for line in comparisons_file.read_text().splitlines()] if comparisons_file.exists() else []
+    labs_file = work / "labs.json"
+    try:
+        runs = json.loads(labs_file.read_text())["runs"]
+    except (OSError, ValueError, KeyError) as error:
+        runs, labs_error = [], f"{type(error).__name__}: {error}"
+    else:
+        labs_error = None
+    pytest_tail = (work / "pytest.txt").read_text().strip().splitlines()[-1:] if (work / "pytest.txt").exists() else []
+    result = {
+        "date": datetime.date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "gpus": torch.cuda.device_count(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "pytest": pytest_tail,
+        "simulator_vs_rank_view": comparisons,
+        "labs": {
+            run["lab"]: {
+                "holds": run["holds"],
+                "finding": run["finding"],
+                "reasons": run["reasons"],
+                "placement": sorted({m["config"].get("placement", "ranks") for m in run["measurements"].values()}),
+            }
+            for run in runs
+        },
+        "labs_error": labs_error,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}: {len(comparisons)} comparison(s), {len(runs)} lab(s)")
+    held = all(run["holds"] for run in runs) and labs_error is None
+    return 0 if held and comparisons else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(Path(sys.argv[1]), Path(sys.argv[2])))
