@@ -74,7 +74,8 @@ def test_a_fresh_install_shows_every_labs_committed_finding(client):
 def test_a_lab_page_shows_the_reference_with_where_it_was_measured(client):
     page = text(client.get("/labs/adam-optimizer-state"))
     assert "Not run here yet" in page and "Run it here" in page
-    assert "Committed reference, measured on cpu, 2 ranks, gloo, torch 2.13.0+cpu (date not recorded)" in page
+    measured = REFERENCE["adam-optimizer-state"]["measured_at"][:10]  # the committed file's own date
+    assert f"Committed reference, measured on cpu, 2 ranks, gloo, torch 2.13.0+cpu, {measured}" in page
     assert REFERENCE["adam-optimizer-state"]["finding"] in page
 
 
@@ -90,7 +91,8 @@ def test_a_local_run_is_the_latest_and_the_reference_stays_for_comparison(app, c
 def test_the_cards_answer_side_shows_the_reference_then_the_local_run(app, client):
     card = text(client.get("/questions/beta-adam"))
     assert "Measured: the claim held." in card and REFERENCE["adam-optimizer-state"]["finding"] in card
-    assert "Committed reference, measured on cpu, 2 ranks, gloo, torch 2.13.0+cpu (date not recorded) · Run it here" in card
+    measured = REFERENCE["adam-optimizer-state"]["measured_at"][:10]
+    assert f"Committed reference, measured on cpu, 2 ranks, gloo, torch 2.13.0+cpu, {measured} · Run it here" in card
     local_run(app, "adam-optimizer-state", "measured here at 4 ranks")
     card = text(client.get("/questions/beta-adam"))
     assert "measured here at 4 ranks" in card and "Run here, measured on cpu, 4 ranks, gloo, torch 2.13.0+cpu, 2026-03-01" in card

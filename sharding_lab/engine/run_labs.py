@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
+from datetime import datetime, timezone
 
 from sharding_lab.engine.measure import measure_many
 from sharding_lab.engine.pool import Pools
@@ -84,11 +85,12 @@ def run_labs(
             all_configs, on_progress=on_progress, on_status=on_status, pools=in_use, timings=timings,
             timeout_s=timeout_s,
         )
+    measured_at = datetime.now(timezone.utc).isoformat(timespec="seconds")  # when, for the record
     runs = []
     for lab in labs:
         measurements = {spec.key: measured[spec.config] for spec in specs[lab.id]}
         launch_seconds = sum(seconds[n] for n in {spec.config.world_size for spec in specs[lab.id]})
-        runs.append(evaluate(lab, world_size, specs[lab.id], measurements, launch_seconds))
+        runs.append({**evaluate(lab, world_size, specs[lab.id], measurements, launch_seconds), "measured_at": measured_at})
         if on_progress:
             verdict = "holds" if runs[-1]["holds"] else "DOES NOT HOLD"
             on_progress(f"{lab.id}: {verdict}")
