@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -283,3 +284,11 @@ def browser_type_launch_args(browser_type_launch_args: dict) -> dict:
             pytest.fail(f"{message}; CI=true, so browser tests must run", pytrace=False)
         pytest.skip(message)
     return {**browser_type_launch_args, "executable_path": CHROMIUM, "args": CHROMIUM_ARGS}
+
+
+def with_committed_lab_results(app_config: dict, tmp_path: Path) -> dict:
+    """`app_config` with the committed exports/lab-results.json as the reference, as on a fresh install."""
+    exports = tmp_path / "reference-exports"
+    exports.mkdir()
+    shutil.copy(REPO / "exports" / "lab-results.json", exports / "lab-results.json")
+    return {**app_config, "EXPORTS_DIR": str(exports)}

@@ -8,11 +8,10 @@ Content-Security-Policy does not govern; the app itself serves no inline script 
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import with_committed_lab_results
 from playwright.sync_api import Page, expect
 from review_driver import drive_reviews
 
@@ -30,10 +29,7 @@ PAGES = [
 @pytest.fixture
 def app_config(app_config: dict, tmp_path: Path) -> dict:
     """The committed lab results as the reference, as on a fresh install."""
-    exports = tmp_path / "reference-exports"
-    exports.mkdir()
-    shutil.copy(REPO / "exports" / "lab-results.json", exports / "lab-results.json")
-    return {**app_config, "EXPORTS_DIR": str(exports)}
+    return with_committed_lab_results(app_config, tmp_path)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, with_committed_lab_results
 from sqlmodel import Session
 
 from studyapp.db import get_engine
@@ -28,10 +28,7 @@ def text(response) -> str:
 
 @pytest.fixture
 def app_config(app_config: dict, tmp_path: Path) -> dict:
-    exports = tmp_path / "reference-exports"
-    exports.mkdir()
-    shutil.copy(REPO / "exports" / "lab-results.json", exports / "lab-results.json")
-    return {**app_config, "EXPORTS_DIR": str(exports)}
+    return with_committed_lab_results(app_config, tmp_path)
 
 
 def local_run(app, lab_id: str, finding: str) -> None:
