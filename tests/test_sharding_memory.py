@@ -123,14 +123,18 @@ def test_configurations_in_one_launch_measure_what_each_measures_alone():
     together = measure_many([*others, zero2], timeout_s=300)[-1]
     alone = measure_many([zero2], timeout_s=300)[0]
     for shared, single in zip(together.ranks, alone.ranks, strict=True):
-        # Every figure of every rank: model states, peak and its categories, persistent, gathered bytes.
-        # One is left out: the most temporaries alive at once in zero2's step varies from run to run even
-        # alone (111,872 or 162,688 B), with when gloo's worker thread completes a reduce-scatter.
-        assert replace(shared, category_peaks={}) == replace(single, category_peaks={})
-        temporaries = "temporaries"
-        assert {k: v for k, v in shared.category_peaks.items() if k != temporaries} == {
-            k: v for k, v in single.category_peaks.items() if k != temporaries
-        }
+        # Every figure of every rank: model states, persistent, gathered bytes, the peak's categories.
+        # Temporaries are left out, and the peak is held to 0.5%: when gloo's worker thread completes a
+        # reduce-scatter moves them even for one configuration alone (zero2's most temporaries at once:
+        # 111,872 or 162,688 B; a zero3 peak once 1,536 B higher under load).
+        def steady(rank):
+            def drop(categories):
+                return {k: v for k, v in categories.items() if k != "temporaries"}
+
+            return replace(rank, peak_bytes=0, categories=drop(rank.categories), category_peaks=drop(rank.category_peaks))
+
+        assert steady(shared) == steady(single)
+        assert shared.peak_bytes == pytest.approx(single.peak_bytes, rel=0.005)
 
 
 def test_a_tracked_step_leaves_nothing_that_keeps_the_model_alive(tmp_path):
