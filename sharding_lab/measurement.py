@@ -85,6 +85,10 @@ class MeasuredConfig:
     gpu_name: str | None = None  # e.g. "NVIDIA H200", on CUDA
     placement: str = "ranks"  # ranks, rank-view (rank 0's memory only) or shared-gpu (run_config.Placement)
     placement_note: str = ""  # what was asked, what the machine had, what was done instead
+    activation_checkpointing: bool = False  # each block's forward recomputed in backward
+    cpu_offload: bool = False  # FSDP2's CPUOffloadPolicy: model states in host memory
+    replicas: int = 1  # HSDP: replicas x (world_size / replicas) shards; 1 is full sharding
+    grad_accum_steps: int = 1  # micro-batches per optimizer step; only the last syncs gradients
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "strategy", Strategy.parse(self.strategy))
@@ -109,6 +113,7 @@ class RankMemory:
     unsharded_params_peak_bytes: int  # the most gathered parameters alive at once
     unsharded_params_after_forward_bytes: int  # gathered parameters alive when forward returns
     cuda_max_memory_allocated: int | None  # torch.cuda's figure on CUDA, None on CPU
+    activations_after_forward_bytes: int = 0  # what forward saved for backward, when the (last) forward returns
 
     def part_bytes(self, part: str) -> int:
         return {"params": self.params_bytes, "grads": self.grads_bytes, "optimizer": self.optimizer_bytes}[part]
@@ -124,6 +129,8 @@ class Collective:
     bytes: int  # logical bytes at the API: the full (unsharded) buffer
     wire_bytes_derived: int | None  # per-rank bytes by the ring formulas: derived, not measured
     dtype: str | None
+    group_size: int | None = None  # ranks in the collective's process group
+    mesh_dim: str | None = None  # the mesh dimension it ran on: "dp", or HSDP's "shard" / "replicate"
 
 
 @dataclass(frozen=True)

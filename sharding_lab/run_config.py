@@ -92,6 +92,16 @@ class ParallelOptions:
     gradient_divide_factor: float | None = None
     """FSDP: what summed gradients are divided by (None: FSDP's choice, the world size). 1 makes FSDP
     sum instead of average: the regression the gradient-parity check must catch."""
+    activation_checkpointing: bool = False
+    """Every block's forward runs under `torch.utils.checkpoint` (non-reentrant): only its input is
+    saved, and backward recomputes the block's forward to get the rest."""
+    cpu_offload: bool = False
+    """FSDP: `CPUOffloadPolicy`. Sharded parameters, gradients and Adam state live in host memory;
+    each all-gather copies the shard to the device first, each reduce-scatter's output goes back to the
+    host, and the optimizer steps on the host. On CPU ranks the device is the host: nothing moves."""
+    replicas: int = 1
+    """FSDP: HSDP when above 1. The ranks form a 2-D mesh, replicas x shards: parameters are sharded
+    within a shard group (reduce-scatter there) and replicated across groups (all-reduce there)."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +121,9 @@ class RunConfig:
     seed: int = 0
     device: str = "cpu"
     placement: Placement = Placement.AUTO
+    grad_accum_steps: int = 1
+    """Micro-batches per optimizer step, each of batch_size. Only the last one synchronizes gradients:
+    FSDP skips the reduce-scatter (keeping unsharded gradients) and DDP its all-reduce (`no_sync`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "strategy", Strategy.parse(self.strategy))
@@ -122,6 +135,25 @@ class RunConfig:
             raise ValueError(f"unknown device {self.device!r}; choose one of {', '.join(DEVICES)}")
         if self.warmup_steps < 1 and self.check_gradients:
             raise ValueError("check_gradients needs at least one warm-up step")
+        if self.grad_accum_steps < 1:
+            raise ValueError(f"grad_accum_steps must be at least 1, got {self.grad_accum_steps}")
+        if self.check_gradients and self.grad_accum_steps > 1:
+            raise ValueError("check_gradients compares one micro-batch's gradient: use grad_accum_steps=1")
+        options = self.options
+        if options.replicas < 1 or self.world_size % options.replicas:
+            raise ValueError(
+                f"replicas={options.replicas} must divide the world size {self.world_size} "
+                "(HSDP's mesh is replicas x shards)"
+            )
+        if not self.strategy.fully_sharded:
+            for name, on in (("cpu_offload", options.cpu_offload), ("replicas", options.replicas > 1)):
+                if on:
+                    raise ValueError(f"{name} is an FSDP option: {self.strategy} does not shard parameters")
+
+    @property
+    def shards(self) -> int:
+        """Ranks in one shard group: the world size, or world_size / replicas under HSDP."""
+        return self.world_size // self.options.replicas
 
     @classmethod
     def of(cls, strategy: Strategy | str, **fields: Any) -> RunConfig:

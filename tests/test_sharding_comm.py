@@ -185,7 +185,7 @@ def _record_both_ways(ctx, run) -> dict[str, dict]:
     from sharding_lab.engine.measure import _batch, _build
     from sharding_lab.engine.memory import MemoryTracker
 
-    model_config, model, optimizer = _build(ctx, run)
+    model_config, mesh, model, optimizer = _build(ctx, run)
 
     def step(number: int, tracker: CommTracker | None = None) -> None:
         idx, targets = _batch(model_config, run, ctx.rank, number, ctx.device)
@@ -202,7 +202,7 @@ def _record_both_ways(ctx, run) -> dict[str, dict]:
     recorded = {}
     for number, method in enumerate(("dispatch", "wrap"), start=run.warmup_steps):
         with MemoryTracker(model, optimizer, ctx.device):
-            tracker = CommTracker(model, ctx.world_size, method=method)
+            tracker = CommTracker(model, ctx.world_size, method=method, mesh=mesh)
             with tracker:
                 step(number, tracker)
             tracker.remove_hooks()

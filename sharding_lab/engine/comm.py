@@ -34,6 +34,7 @@ which is after FSDP's reduce-scatter for that module.
 from __future__ import annotations
 
 import functools
+import inspect
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -126,9 +127,14 @@ class CommTracker:
     `method="dispatch"` records through the reference TorchDispatchMode instead of the wrappers.
     """
 
-    def __init__(self, model: nn.Module, world_size: int, method: Method = "wrap"):
+    def __init__(self, model: nn.Module, world_size: int, method: Method = "wrap", mesh: Any = None):
         assert method in ("wrap", "dispatch"), method
         self.world_size = world_size
+        # Process group -> (its size, the mesh dimension it is): HSDP's collectives run on two groups.
+        self._group_dims: dict[Any, tuple[int, str]] = {}
+        for name in (mesh.mesh_dim_names or ()) if mesh is not None else ():
+            group = mesh.get_group(name)
+            self._group_dims[group] = (dist.get_world_size(group), name)
         self.collectives: list[dict] = []
         self.timeline: list[dict] = []
         if method == "wrap" and not _route_ddp_all_reduce_through_python(model):
@@ -199,6 +205,7 @@ class CommTracker:
 
     def _recording_wrapper(self, original: Callable, op: str, params: tuple[str, ...]) -> Callable:
         gathers_or_scatters = op in ("all_gather", "reduce_scatter")
+        signature = inspect.signature(original)
 
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
@@ -208,7 +215,8 @@ class CommTracker:
             if gathers_or_scatters:
                 # The full buffer is the larger side (the output of a gather, the input of a scatter).
                 size = max(size, _tensor_bytes(args[1] if len(args) > 1 else kwargs.get(params[1])))
-            self._record(op, size, _first_leaf(first))
+            group = kwargs["group"] if "group" in kwargs else signature.bind_partial(*args).arguments.get("group")
+            self._record(op, size, _first_leaf(first), group)
             return out
 
         return collective
@@ -222,8 +230,11 @@ class CommTracker:
         size = _logical_bytes(op, functional, args, self.world_size) if op in OPS else _tensor_bytes(args)
         self._record(op, size, _first_leaf(args[0]) if args else None)
 
-    def _record(self, op: str, size: int, first: Any) -> None:
+    def _record(self, op: str, size: int, first: Any, group: Any = None) -> None:
         module, prefetch = self._attribute(op, first)
+        group_size, mesh_dim = self._group_dims.get(group, (self.world_size, None))
+        if mesh_dim is None and len(self._group_dims) == 1:
+            (group_size, mesh_dim), = self._group_dims.values()  # one dimension: every collective runs on it
         event = {
             "seq": len(self.collectives),
             "op": op,
@@ -231,8 +242,10 @@ class CommTracker:
             "module": module,
             "prefetch": prefetch,
             "bytes": size,
-            "wire_bytes_derived": ring_wire_bytes(op, size, self.world_size),
+            "wire_bytes_derived": ring_wire_bytes(op, size, group_size),
             "dtype": str(first.dtype).removeprefix("torch.") if isinstance(first, torch.Tensor) else None,
+            "group_size": group_size,
+            "mesh_dim": mesh_dim,
         }
         self.collectives.append(event)
         self.timeline.append({"event": "collective", **event})

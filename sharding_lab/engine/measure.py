@@ -30,7 +30,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING
 
 from sharding_lab import analytic
@@ -111,6 +111,10 @@ def _combine(config: RunConfig, choice: PlacementChoice, ranks: list[dict]) -> M
         "prefetch": config.options.prefetch,
         "mixed_precision": config.options.mixed_precision,
         "reshard_after_forward": config.reshard_after_forward,
+        "activation_checkpointing": config.options.activation_checkpointing,
+        "cpu_offload": config.options.cpu_offload,
+        "replicas": config.options.replicas,
+        "grad_accum_steps": config.grad_accum_steps,
         "batch_size_per_rank": config.batch_size,
         "warmup_steps": config.warmup_steps,
         "timed_steps": config.timed_steps,
@@ -133,33 +137,39 @@ def _combine(config: RunConfig, choice: PlacementChoice, ranks: list[dict]) -> M
 
 def _predicted(config: RunConfig, num_params: int, padded_num_params: int) -> dict:
     """The analytic model's figures for this run, in the dtypes this run moves."""
-    strategy, n = config.strategy, config.world_size
+    strategy = config.strategy
     padded = padded_num_params if strategy.fully_sharded else None
     # Mixed precision here is PyTorch's: bf16 all-gathers of parameters, fp32 reductions of gradients
     # (FSDP2's MixedPrecisionPolicy and DDP's mixed precision alike); the paper's moves fp16 throughout.
     wire = analytic.PYTORCH_MIXED_PRECISION_WIRE if config.options.mixed_precision else analytic.FP32_WIRE
     if config.options.mixed_precision and strategy.uses_ddp:
         wire = analytic.FP32_WIRE  # DDP reduces fp32 gradients; ZeRO-1 broadcasts fp32 parameters
-    communication = "bf16 all-gathers, fp32 reductions" if wire["gather"] == 2 else "fp32 on the wire"
+    communication_note = "bf16 all-gathers, fp32 reductions" if wire["gather"] == 2 else "fp32 on the wire"
     # The sharded (master) parameters, gradients and Adam state stay fp32 under PyTorch's mixed
     # precision (bf16 copies exist only while gathered), so model states use fp32 Adam's 4 + 4 + 8.
+    # Model states shard over one shard group: the world, or world_size / replicas under HSDP.
+    states = analytic.model_states_bytes_per_rank(num_params, config.shards, strategy, padded_num_params=padded)
+    communication = analytic.communication_bytes_per_step(
+        num_params, config.shards, strategy,
+        gather_bytes_per_element=wire["gather"], reduce_bytes_per_element=wire["reduce"],
+    )
+    accounting = (
+        "model states: fp32 Adam (4+4+8 bytes per parameter), FSDP padding included for zero2/zero3; "
+        f"communication: the paper's collectives, {communication_note}"
+    )
+    if config.options.replicas > 1:
+        accounting += (
+            f"; HSDP: those collectives within a shard group of {config.shards}, plus an all-reduce of each "
+            f"rank's gradient shard across {config.options.replicas} replicas (not in these figures)"
+        )
+    if config.grad_accum_steps > 1:
+        accounting += f"; per optimizer step of {config.grad_accum_steps} micro-batches (gradients sync once)"
     return {
-        "model_states_bytes_per_rank": analytic.model_states_bytes_per_rank(
-            num_params, n, strategy, padded_num_params=padded
-        ),
-        "communication_bytes_per_step": analytic.communication_bytes_per_step(
-            num_params, n, strategy,
-            gather_bytes_per_element=wire["gather"], reduce_bytes_per_element=wire["reduce"],
-        ),
-        "accounting": (
-            "model states: fp32 Adam (4+4+8 bytes per parameter), FSDP padding included for zero2/zero3; "
-            f"communication: the paper's collectives, {communication}"
-        ),
+        "model_states_bytes_per_rank": states,
+        "communication_bytes_per_step": communication,
+        "accounting": accounting,
         "differences": strategy.known_differences,
     }
-
-
-# --- one rank's side -----------------------------------------------------------------------------------
 
 
 def _measure_on_rank(ctx: RankContext, configs: list[RunConfig]) -> list[dict]:
@@ -211,16 +221,20 @@ def _build(ctx: RankContext, config: RunConfig):
     import torch
 
     from sharding_lab.engine.model import GPT, config_for
-    from sharding_lab.engine.parallelize import parallelize
+    from sharding_lab.engine.parallelize import data_parallel_mesh, parallelize
 
     model_config = config_for(config.size, **dict(config.model_overrides))
     torch.manual_seed(config.seed)
+    mesh = ctx.mesh
+    if config.options.replicas > 1:
+        mesh = data_parallel_mesh(ctx.device.type, ctx.world_size, config.options.replicas)
     if config.strategy.fully_sharded:
-        # torchtitan's order: shard on meta, then give each rank storage for its shard only.
+        # torchtitan's order: shard on meta, then give each rank storage for its shard only (in host
+        # memory when offloaded: FSDP2 copies it to the device for each all-gather).
         with torch.device("meta"):
             model = GPT(model_config)
-        model, make_optimizer = parallelize(model, config.strategy, ctx.mesh, config.options)
-        model.to_empty(device=ctx.device)
+        model, make_optimizer = parallelize(model, config.strategy, mesh, config.options)
+        model.to_empty(device="cpu" if config.options.cpu_offload else ctx.device)
         with torch.no_grad(), warnings.catch_warnings():
             # On a CPU mesh DTensor fills each local shard from this rank's own generator (it warns
             # so): the values differ from an unsharded init, but they are GPT-2's distribution.
@@ -237,15 +251,16 @@ def _build(ctx: RankContext, config: RunConfig):
             from sharding_lab.engine.comm import synchronous_allreduce_hook
 
             model.register_comm_hook(ctx.mesh.get_group(), synchronous_allreduce_hook)
-    return model_config, model, make_optimizer()
+    return model_config, mesh, model, make_optimizer()
 
 
-def _batch(model_config, config: RunConfig, rank: int, step: int, device):
-    """Rank `rank`'s batch for `step`, the same whichever process makes it (the reference needs all)."""
+def _batch(model_config, config: RunConfig, rank: int, step: int, device, micro: int = 0):
+    """Rank `rank`'s batch for `step` (micro-batch `micro` of it), the same whichever process makes it
+    (the reference needs all)."""
     import torch
 
     seq_len = config.seq_len or model_config.block_size
-    generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 1_009 + rank)
+    generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 1_009 + rank + micro * 7_919)
     tokens = torch.randint(0, model_config.vocab_size, (config.batch_size, seq_len + 1), generator=generator)
     return tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
 
@@ -259,25 +274,38 @@ def _measure_one(ctx: RankContext, config: RunConfig, index: int, count: int, al
 
     label = f"{config.strategy} ({index + 1}/{count})"
     ctx.mark(f"{label}: build")
-    model_config, model, optimizer = _build(ctx, config)
+    model_config, mesh, model, optimizer = _build(ctx, config)
     inner = getattr(model, "module", model)
     alive += [weakref.ref(model), weakref.ref(optimizer)]
+    micro_batches = config.grad_accum_steps
 
     def train_step(step: int, tracker: CommTracker | None = None, memory: MemoryTracker | None = None) -> float:
-        idx, targets = _batch(model_config, config, ctx.rank, step, ctx.device)
         optimizer.zero_grad(set_to_none=True)
-        ctx.mark(f"{label}: step {step} forward")
-        with tracker.phase("forward") if tracker else nullcontext():
-            loss = model(idx, targets)
-        if memory:
-            memory.mark_after_forward()
-        ctx.mark(f"{label}: step {step} backward")
-        with tracker.phase("backward") if tracker else nullcontext():
-            loss.backward()
+        total = 0.0
+        for micro in range(micro_batches):
+            last = micro == micro_batches - 1
+            idx, targets = _batch(model_config, config, ctx.rank, step, ctx.device, micro)
+            tag = f" micro-batch {micro + 1}/{micro_batches}" if micro_batches > 1 else ""
+            # Gradients sync on the last micro-batch only: before it, FSDP keeps unsharded gradients
+            # and skips its reduce-scatter, DDP skips its all-reduce.
+            if memory and micro > 0:
+                memory.next_micro_batch()
+            with _gradient_sync(model, config, enabled=last):
+                ctx.mark(f"{label}: step {step}{tag} forward")
+                with tracker.phase("forward") if tracker else nullcontext():
+                    loss = model(idx, targets)
+                    if micro_batches > 1:
+                        loss = loss / micro_batches  # the accumulated gradient is the mean over micro-batches
+                if memory and last:
+                    memory.mark_after_forward()
+                ctx.mark(f"{label}: step {step}{tag} backward")
+                with tracker.phase("backward") if tracker else nullcontext():
+                    loss.backward()
+            total += loss.item()
         ctx.mark(f"{label}: step {step} optimizer")
         with tracker.phase("optimizer") if tracker else nullcontext():
             optimizer.step()
-        return loss.item()
+        return total
 
     parity = None
     for step in range(config.warmup_steps):
@@ -300,7 +328,7 @@ def _measure_one(ctx: RankContext, config: RunConfig, index: int, count: int, al
         with memory:
             # Hooks go on after the memory tracker has re-registered FSDP's own (it wraps them), so the
             # timeline's module events sit where they should relative to FSDP's.
-            comm = CommTracker(model, ctx.world_size)
+            comm = CommTracker(model, ctx.world_size, mesh=mesh)
             with comm:
                 loss = train_step(step, comm, memory)
                 memory.mark_persistent()
@@ -308,7 +336,7 @@ def _measure_one(ctx: RankContext, config: RunConfig, index: int, count: int, al
     finally:
         gc.enable()
     # Read now: gradients are still present (no zero_grad yet) and the CUDA peak is this step's.
-    memory_result = {"rank": ctx.rank, **model_state_bytes(model, optimizer, ctx.world_size), **memory.result()}
+    memory_result = {"rank": ctx.rank, **model_state_bytes(model, optimizer, config.shards), **memory.result()}
 
     step_time, overlap = _time_steps(ctx, config, train_step, step + 1)
     return {
@@ -319,7 +347,7 @@ def _measure_one(ctx: RankContext, config: RunConfig, index: int, count: int, al
             "cuda_version": torch.version.cuda if ctx.device.type == "cuda" else None,
             "gpu_name": torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else None,
             "num_params": inner.num_params(),  # a DTensor's numel is its global size
-            "padded_num_params": padded_numel(inner, ctx.world_size),
+            "padded_num_params": padded_numel(inner, config.shards),
             "n_blocks": len(inner.blocks),
             "model": model_config.to_dict(),
             "seq_len": config.seq_len or model_config.block_size,
@@ -331,6 +359,25 @@ def _measure_one(ctx: RankContext, config: RunConfig, index: int, count: int, al
         "gradient_parity": parity,
         "overlap": overlap,
     }
+
+
+def _gradient_sync(model, config: RunConfig, *, enabled: bool):
+    """A context in which backward does (enabled) or does not synchronize gradients."""
+    if enabled or config.grad_accum_steps == 1:
+        return nullcontext()
+    if config.strategy.uses_ddp:
+        return model.no_sync()
+    return _fsdp_sync_off(model)
+
+
+@contextmanager
+def _fsdp_sync_off(model):
+    # FSDP2: no reduce-scatter in this backward; each unit keeps its unsharded gradient to add to.
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 def _time_steps(ctx: RankContext, config: RunConfig, train_step, first_step: int) -> tuple[float, dict | None]:

@@ -162,6 +162,12 @@ class MemoryTracker:
     def _device_key(self) -> torch.device:
         return torch.device("cpu") if self.device.type == "cpu" else self.device
 
+    def next_micro_batch(self) -> None:
+        """Call before each forward after the first in one tracked step (gradient accumulation): the
+        tracker's per-module statistics start over (FSDP's refuses a second root forward otherwise);
+        the step's peak and categories carry on."""
+        self._tracker.reset_mod_stats()
+
     def mark_after_forward(self) -> None:
         self.after_forward = self._current()
 
@@ -185,6 +191,7 @@ class MemoryTracker:
             },
             "unsharded_params_peak_bytes": int(_unsharded_params(category_peaks, self.fsdp)),
             "unsharded_params_after_forward_bytes": int(_unsharded_params(self.after_forward or {}, self.fsdp)),
+            "activations_after_forward_bytes": _normalise(self.after_forward or {})["activations"],
             "cuda_max_memory_allocated": (
                 int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda" else None
             ),

@@ -13,6 +13,7 @@ import math
 import torch
 import torch.nn as nn
 from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
 
 # The config and the named sizes live without torch (the planner and the labs read them).
 from sharding_lab.model_config import SIZES, GPTConfig, config_for  # noqa: F401 - re-exported
@@ -76,6 +77,8 @@ class GPT(nn.Module):
         # Untied from `wte` (GPT-2 ties them): a tie would not survive meta -> `to_empty`, and untied
         # every parameter belongs to exactly one module, as in LLaMA.
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        # Activation checkpointing: each block saves only its input, and backward reruns its forward.
+        self.activation_checkpointing = False
 
     def init_weights(self) -> None:
         """GPT-2's initialisation. Call after the parameters have storage (e.g. after `to_empty`)."""
@@ -102,7 +105,8 @@ class GPT(nn.Module):
         pos = torch.arange(T, device=idx.device)
         x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
         for block in self.blocks:
-            x = block(x)
+            # use_reentrant=False: the recommended form; it works with FSDP's hooks and DDP alike.
+            x = checkpoint(block, x, use_reentrant=False) if self.activation_checkpointing else block(x)
         logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
         if targets is None:
             return logits

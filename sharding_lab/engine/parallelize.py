@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn as nn
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
@@ -25,17 +25,34 @@ from sharding_lab.run_config import ParallelOptions
 from sharding_lab.strategies import Strategy
 
 OptimizerFactory = Callable[[], torch.optim.Optimizer]
+HSDP_DIMS = ("replicate", "shard")  # HSDP's mesh: FSDP2 reads dim 0 as replicate, dim 1 as shard
+
+
+def data_parallel_mesh(device_type: str, world_size: int, replicas: int = 1) -> DeviceMesh:
+    """The mesh a strategy runs on: 1-D over every rank ("dp"), or HSDP's replicas x shards.
+
+    Needs the default process group. Under HSDP, ranks r*shards .. (r+1)*shards-1 form replica r's
+    shard group, so a shard group's ranks are neighbours (one node, in a real cluster).
+    """
+    if replicas == 1:
+        return init_device_mesh(device_type, (world_size,), mesh_dim_names=("dp",))
+    return init_device_mesh(device_type, (replicas, world_size // replicas), mesh_dim_names=HSDP_DIMS)
 
 
 def parallelize(
     model: nn.Module, strategy: Strategy | str, mesh: DeviceMesh, options: ParallelOptions | None = None
 ) -> tuple[nn.Module, OptimizerFactory]:
-    """Apply `strategy` over the 1-D data-parallel `mesh`; return the model and its optimizer factory.
+    """Apply `strategy` over `mesh` (from `data_parallel_mesh`); return the model and its optimizer factory.
 
-    The model must expose `model.blocks` (the units FSDP shards one at a time).
+    The model must expose `model.blocks` (the units FSDP shards one at a time) and
+    `model.activation_checkpointing` (whether each block's forward is recomputed in backward).
     """
     options = options or ParallelOptions()
     strategy = Strategy.parse(strategy)
+    if mesh.ndim != (1 if options.replicas == 1 else 2):
+        raise ValueError(f"replicas={options.replicas} needs a {1 if options.replicas == 1 else 2}-D mesh, got {mesh}")
+    # Checkpointing is the model's own business (it wraps each block's call); set before any wrapper.
+    model.activation_checkpointing = options.activation_checkpointing
     if strategy.uses_ddp:
         return _apply_ddp(model, strategy, mesh, options)
     reshard = strategy.reshard_after_forward(options.reshard_after_forward)
@@ -86,9 +103,13 @@ def _apply_fsdp(
     model: nn.Module, mesh: DeviceMesh, options: ParallelOptions, *, reshard_after_forward: bool
 ) -> tuple[nn.Module, OptimizerFactory]:
     # One config shared by every fully_shard call, as torchtitan does.
+    # A 2-D mesh makes it HSDP: shard on dim 1, replicate on dim 0.
     fsdp_config: dict = {"mesh": mesh}
     if options.mixed_precision:
         fsdp_config["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if options.cpu_offload:
+        # Pinned host memory needs CUDA; on a CPU mesh the "host" copies are plain CPU tensors anyway.
+        fsdp_config["offload_policy"] = CPUOffloadPolicy(pin_memory=mesh.device_type == "cuda")
 
     # 1. Each block is its own unit: one all-gather and one reduce-scatter per block.
     blocks = list(model.blocks)
