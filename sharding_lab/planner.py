@@ -1,0 +1,390 @@
+"""Will it fit? The analytic planner: per-GPU peak memory by category and per-step communication for a
+GPT on N GPUs (or an HSDP mesh of replicas x shards), instantly and without torch.
+
+    request = PlanRequest(ModelShape.named("7b"), Mesh.of(64), gpu_memory_gb=80, micro_batch=1, seq=2048,
+                          strategy=Strategy.ZERO3, mixed_precision=True)
+    plan = plan_analytic(request)
+    plan.peak.total, plan.fits, plan.largest_micro_batch, plan.communication
+
+The memory model (`planner_memory`) is derived for our GPT and the engine's `parallelize`, and held to the
+FSDP2 simulation in tests/test_planner.py; the communication model (`planner_comm`) counts the collectives
+PyTorch issues, with wire bytes derived from ring formulas. Every figure says where it holds, and a `Plan`
+lists what the model leaves out. The web app imports this module: never torch here.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+from sharding_lab.model_config import SIZES, GPTConfig, parameter_shapes
+from sharding_lab.planner_comm import Collective, MeshDim, collectives_per_step
+from sharding_lab.planner_memory import Moment, StepShape, peak
+from sharding_lab.strategies import Strategy
+
+GB = 10**9  # GPU memory is given in decimal GB, as vendors state it: an H100 is 80 GB, an H200 141 GB
+DEFAULT_HEADROOM = 0.1  # a tenth of the GPU kept free for the CUDA context, NCCL and allocator slack
+MAX_MICRO_BATCH = 1 << 20  # the largest micro-batch searched for
+
+
+class Method(str, Enum):
+    """How a plan's figures were obtained."""
+
+    ANALYTIC = "analytic"  # planner_memory's formulas: instant, torch-free
+    SIMULATION = "simulation"  # FSDP2 under FakeTensorMode with FSDPMemTracker: exact to FSDP2, slow
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A GPT's shape: our GPT's layout (nanoGPT: learned positions, 4x GELU MLP, LayerNorm), any size."""
+
+    layers: int
+    width: int
+    heads: int
+    vocab: int
+    seq_len: int  # the longest sequence: sizes the position embedding (GPTConfig.block_size)
+    tied: bool = False  # lm_head shares wte's weight (GPT-2); our engine's GPT is untied
+    bias: bool = True
+    name: str | None = None  # the named size it came from, if any
+
+    def __post_init__(self) -> None:
+        for label, value in (("layers", self.layers), ("width", self.width), ("heads", self.heads),
+                             ("vocabulary", self.vocab), ("sequence length", self.seq_len)):
+            if value < 1:
+                raise ValueError(f"{label} must be at least 1, got {value}")
+        if self.width % self.heads:
+            raise ValueError(f"heads ({self.heads}) must divide the width ({self.width})")
+
+    @classmethod
+    def named(cls, size: str) -> ModelShape:
+        """One of model_config.SIZES; ValueError naming them otherwise."""
+        if size not in SIZES:
+            raise ValueError(f"unknown model size {size!r}; choose one of {', '.join(SIZES)}")
+        return cls.from_config(SIZES[size], name=size)
+
+    @classmethod
+    def from_config(cls, config: GPTConfig, *, name: str | None = None) -> ModelShape:
+        return cls(config.n_layer, config.n_embd, config.n_head, config.vocab_size, config.block_size,
+                   tied=False, bias=config.bias, name=name)
+
+    def to_config(self) -> GPTConfig:
+        return GPTConfig(block_size=self.seq_len, vocab_size=self.vocab, n_layer=self.layers,
+                         n_head=self.heads, n_embd=self.width, bias=self.bias)
+
+    @property
+    def label(self) -> str:
+        tied = ", tied" if self.tied else ""
+        shape = f"{self.layers} layers x {self.width} wide, {self.heads} heads, vocab {self.vocab}{tied}"
+        return f"{self.name} ({shape})" if self.name else shape
+
+    def parameter_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
+        """(name, shape) of every parameter (tied: no lm_head.weight, wte serves both)."""
+        shapes = parameter_shapes(self.to_config())
+        return [(n, s) for n, s in shapes if not (self.tied and n == "lm_head.weight")]
+
+    @property
+    def num_params(self) -> int:
+        return sum(math.prod(s) for _, s in self.parameter_shapes())
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """The GPUs: `replicas` x `shards` (HSDP when replicas > 1; a plain 1-D mesh of `shards` otherwise)."""
+
+    shards: int
+    replicas: int = 1
+
+    def __post_init__(self) -> None:
+        if self.shards < 1 or self.replicas < 1:
+            raise ValueError(f"a mesh needs at least 1 x 1 GPUs, got {self.replicas} x {self.shards}")
+
+    @classmethod
+    def of(cls, gpus: int) -> Mesh:
+        return cls(shards=gpus)
+
+    @classmethod
+    def parse(cls, text: str) -> Mesh:
+        """'2x4' (replicas x shards) or '8' (a 1-D mesh of 8)."""
+        match = re.fullmatch(r"\s*(\d+)\s*(?:[xX*]\s*(\d+))?\s*", text)
+        if match is None:
+            raise ValueError(f"not a mesh: {text!r} (write GPUS, or REPLICASxSHARDS such as 8x8)")
+        if match.group(2) is None:
+            return cls(shards=int(match.group(1)))
+        return cls(shards=int(match.group(2)), replicas=int(match.group(1)))
+
+    @property
+    def world_size(self) -> int:
+        return self.replicas * self.shards
+
+    def __str__(self) -> str:
+        return f"{self.replicas}x{self.shards}" if self.replicas > 1 else str(self.shards)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """One question: this model, these GPUs, this step. Validated on construction (ValueError, plainly)."""
+
+    model: ModelShape
+    mesh: Mesh
+    gpu_memory_gb: float  # decimal GB (1e9 bytes) per GPU: 80 for an H100, 141 for an H200
+    micro_batch: int = 1  # sequences per GPU per forward
+    seq: int | None = None  # tokens per sequence; None: the model's seq_len
+    strategy: Strategy = Strategy.ZERO3
+    mixed_precision: bool = False  # PyTorch's: bf16 compute and all-gathers, fp32 reductions and master copies
+    activation_checkpointing: bool = False  # per block, non-reentrant torch.utils.checkpoint
+    cpu_offload: bool = False  # FSDP2's CPUOffloadPolicy: sharded params, grads, Adam state on the host
+    grad_accum_steps: int = 1  # micro-batches per optimizer step; only the last synchronizes gradients
+    headroom: float = DEFAULT_HEADROOM  # the fraction of GPU memory the peak must leave free
+    prefetch: bool = True  # FSDP's explicit prefetching of the next block, as the engine runs by default
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "strategy", Strategy.parse(self.strategy))
+        if self.seq is None:
+            object.__setattr__(self, "seq", self.model.seq_len)
+        if self.seq < 1:
+            raise ValueError(f"the sequence must be at least 1 token, got {self.seq}")
+        if self.seq > self.model.seq_len:
+            raise ValueError(f"sequence {self.seq} exceeds the model's sequence length {self.model.seq_len}")
+        if self.micro_batch < 1:
+            raise ValueError(f"the micro-batch must be at least 1, got {self.micro_batch}")
+        if self.grad_accum_steps < 1:
+            raise ValueError(f"gradient accumulation needs at least 1 micro-batch, got {self.grad_accum_steps}")
+        if not self.gpu_memory_gb > 0:
+            raise ValueError(f"GPU memory must be positive, got {self.gpu_memory_gb} GB")
+        if not 0 <= self.headroom < 1:
+            raise ValueError(f"headroom is a fraction of GPU memory in [0, 1), got {self.headroom}")
+        if not self.strategy.fully_sharded:
+            if self.cpu_offload:
+                raise ValueError(f"CPU offload is FSDP2's (zero2, zero3): {self.strategy} does not shard parameters")
+            if self.mesh.replicas > 1:
+                raise ValueError(f"a replicas x shards mesh is HSDP, FSDP2's (zero2, zero3): not {self.strategy}")
+
+    @property
+    def gpu_memory_bytes(self) -> int:
+        return round(self.gpu_memory_gb * GB)
+
+    @property
+    def usable_bytes(self) -> int:
+        """What the peak may use: GPU memory less the headroom."""
+        return math.floor(self.gpu_memory_bytes * (1 - self.headroom))
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Global tokens per optimizer step."""
+        return self.mesh.world_size * self.micro_batch * self.grad_accum_steps * self.seq
+
+
+class Category(str, Enum):
+    """The peak's categories, in the order a report lists them."""
+
+    PARAMETERS = "parameters"
+    GRADIENTS = "gradients"
+    OPTIMIZER_STATE = "optimizer_state"
+    ACTIVATIONS = "activations"
+    TEMPORARIES = "temporaries"
+    ALL_GATHER_BUFFERS = "all_gather_buffers"
+    REDUCE_SCATTER_BUFFERS = "reduce_scatter_buffers"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A byte count and where it holds (which implementation, which model, which dtypes)."""
+
+    bytes: int
+    holds: str
+
+
+@dataclass(frozen=True)
+class PeakMemory:
+    """Per-GPU memory at the step's peak, by category, and the moment it happens."""
+
+    moment: str
+    categories: tuple[tuple[Category, Figure], ...]
+    host_bytes: int = 0  # CPU offload: model states in host memory, not counted in `total`
+
+    @property
+    def total(self) -> int:
+        return sum(figure.bytes for _, figure in self.categories)
+
+    def __getitem__(self, category: Category) -> Figure:
+        return dict(self.categories)[Category(category)]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The answer for one request by one method."""
+
+    request: PlanRequest
+    method: Method
+    num_params: int
+    peak: PeakMemory
+    largest_micro_batch: int | None  # 0: not even 1 fits; None: not computed (the simulation)
+    communication: tuple[Collective, ...]
+    holds: str
+    leaves_out: tuple[str, ...]
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def fits(self) -> bool:
+        return self.peak.total <= self.request.usable_bytes
+
+    @property
+    def headroom_statement(self) -> str:
+        r = self.request
+        return (f"fits if the peak is at most {1 - r.headroom:.0%} of {r.gpu_memory_gb:g} GB "
+                f"(headroom {r.headroom:.0%}: {r.usable_bytes / GB:.2f} GB usable)")
+
+
+def _dtype_label(mixed_precision: bool) -> str:
+    return "bf16 compute, fp32 master copies and reductions" if mixed_precision else "fp32"
+
+
+def where_it_holds(request: PlanRequest) -> str:
+    """Where the analytic figures hold, in one line."""
+    strategy = request.strategy
+    impl = (
+        "PyTorch FSDP2 as the engine runs it (fully_shard per block, then the root; the root stays unsharded "
+        "from forward to backward)" if strategy.fully_sharded else
+        "PyTorch DDP (gradient_as_bucket_view)" + (" + ZeroRedundancyOptimizer" if strategy is Strategy.ZERO1 else "")
+    )
+    model = "our GPT's layout (engine/model.py)" + (", with a tied head" if request.model.tied else "")
+    return f"{impl}; {model}; {_dtype_label(request.mixed_precision)}; torch.optim.Adam (foreach=False)"
+
+
+def analytic_leaves_out(request: PlanRequest) -> tuple[str, ...]:
+    """What the analytic model does not count."""
+    left_out = [
+        "the CUDA context, NCCL's buffers and the caching allocator's reserve and fragmentation "
+        "(allocated bytes only; the headroom is for these)",
+        "Adam's per-tensor temporaries inside the optimizer step",
+        "LayerNorm's mean/rstd are counted at the compute dtype, as on CPU; CUDA keeps them fp32 "
+        "(+8 B per token per block under bf16)",
+    ]
+    if not request.strategy.fully_sharded:
+        left_out.append(f"{request.strategy} is not simulated: its figures are this model's alone")
+    if request.cpu_offload:
+        left_out.append("the device copy of a shard before each all-gather and of each gradient shard after "
+                        "its reduce-scatter (one unit's shard at a time)")
+    if request.grad_accum_steps > 1:
+        left_out.append("with accumulation, the moment one micro-batch's gradients are added to the kept ones")
+    return tuple(left_out)
+
+
+def step_shape(request: PlanRequest, micro_batch: int | None = None) -> StepShape:
+    """The counts the memory model reads off a request (with another micro-batch, for the search)."""
+    shapes = request.model.parameter_shapes()
+    block_shapes = tuple(s for n, s in shapes if n.startswith("blocks.0."))
+    root_shapes = tuple(s for n, s in shapes if not n.startswith("blocks."))
+    return StepShape(
+        strategy=request.strategy,
+        shard_ranks=request.mesh.shards,
+        world_size=request.mesh.world_size,
+        layers=request.model.layers,
+        width=request.model.width,
+        heads=request.model.heads,
+        vocab=request.model.vocab,
+        tied=request.model.tied,
+        bias=request.model.bias,
+        block_shapes=block_shapes,
+        root_shapes=root_shapes,
+        micro_batch=request.micro_batch if micro_batch is None else micro_batch,
+        seq=request.seq,
+        mixed_precision=request.mixed_precision,
+        activation_checkpointing=request.activation_checkpointing,
+        cpu_offload=request.cpu_offload,
+        grad_accum_steps=request.grad_accum_steps,
+        prefetch=request.prefetch,
+    )
+
+
+def _figures(moment: Moment, request: PlanRequest) -> PeakMemory:
+    dtype = _dtype_label(request.mixed_precision)
+    impl = "FSDP2" if request.strategy.fully_sharded else "DDP"
+    holds = {
+        Category.PARAMETERS: f"{impl}'s fp32 shards plus gathered units at the compute dtype; any GPT of this shape",
+        Category.GRADIENTS: f"{impl}; any GPT of this shape; fp32 shards, unsharded at the compute dtype",
+        Category.OPTIMIZER_STATE: "torch.optim.Adam: fp32 exp_avg and exp_avg_sq, a 4-byte step per tensor",
+        Category.ACTIVATIONS: f"our GPT's saved tensors (SDPA flash layout), counted as on CPU; {dtype}",
+        Category.TEMPORARIES: f"our GPT's backward (loss and block gradients); {dtype}",
+        Category.ALL_GATHER_BUFFERS: "FSDP2 with explicit prefetching (one block ahead); compute dtype",
+        Category.REDUCE_SCATTER_BUFFERS: "FSDP2: one unit's fp32 reduce-scatter input",
+    }
+    values = {
+        Category.PARAMETERS: moment.parameters,
+        Category.GRADIENTS: moment.gradients,
+        Category.OPTIMIZER_STATE: moment.optimizer_state,
+        Category.ACTIVATIONS: moment.activations,
+        Category.TEMPORARIES: moment.temporaries,
+        Category.ALL_GATHER_BUFFERS: moment.all_gather_buffers,
+        Category.REDUCE_SCATTER_BUFFERS: moment.reduce_scatter_buffers,
+    }
+    return PeakMemory(
+        moment=moment.name,
+        categories=tuple((c, Figure(values[c], holds[c])) for c in Category),
+        host_bytes=moment.host,
+    )
+
+
+def analytic_peak(request: PlanRequest, micro_batch: int | None = None) -> PeakMemory:
+    """The per-GPU peak for the request (or for another micro-batch)."""
+    return _figures(peak(step_shape(request, micro_batch)), request)
+
+
+def largest_micro_batch(request: PlanRequest) -> int:
+    """The largest micro-batch whose analytic peak fits in the usable memory; 0 if not even 1 fits.
+    The peak grows with the micro-batch, so a binary search finds it."""
+    usable = request.usable_bytes
+
+    def fits(b: int) -> bool:
+        return peak(step_shape(request, b)).total <= usable
+
+    if not fits(1):
+        return 0
+    low, high = 1, 2
+    while high <= MAX_MICRO_BATCH and fits(high):
+        low, high = high, high * 2
+    if high > MAX_MICRO_BATCH:
+        return low
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
+
+
+def plan_analytic(request: PlanRequest) -> Plan:
+    """The analytic answer: peak memory by category, whether it fits, the largest micro-batch, and the
+    communication per optimizer step. Pure arithmetic."""
+    return Plan(
+        request=request,
+        method=Method.ANALYTIC,
+        num_params=request.model.num_params,
+        peak=analytic_peak(request),
+        largest_micro_batch=largest_micro_batch(request),
+        communication=collectives_per_step(request.strategy, request.mesh.shards, request.mesh.replicas,
+                                           request.model.parameter_shapes(),
+                                           mixed_precision=request.mixed_precision,
+                                           grad_accum_steps=request.grad_accum_steps,
+                                           cpu_offload=request.cpu_offload),
+        holds=where_it_holds(request),
+        leaves_out=analytic_leaves_out(request),
+    )
+
+
+def with_strategy(request: PlanRequest, strategy: Strategy) -> PlanRequest:
+    """The same request under another strategy."""
+    return replace(request, strategy=strategy)
+
+
+__all__ = [
+    "GB", "DEFAULT_HEADROOM", "Category", "Collective", "Figure", "Mesh", "MeshDim", "Method", "ModelShape",
+    "PeakMemory", "Plan", "PlanRequest", "analytic_peak", "largest_micro_batch", "plan_analytic",
+    "where_it_holds", "with_strategy",
+]
