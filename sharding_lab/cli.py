@@ -1,6 +1,7 @@
 """`sharding-lab`: measure strategies on real ranks, compare them, estimate beyond one machine.
 
     sharding-lab measure --strategy zero3 --world-size 2 [--size tiny] [--no-prefetch] [--json]
+        [--activation-checkpointing] [--cpu-offload] [--replicas 2] [--grad-accum 4] [--mixed-precision]
     sharding-lab compare [--world-size 2] [--json]
     sharding-lab estimate --params 7.5B --world-size 64 [--json]        (sharding_lab.estimate)
     torchrun --nproc-per-node 2 -m sharding_lab.cli measure --strategy zero3 --world-size 2
@@ -37,6 +38,16 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mixed-precision", action="store_true", help="bf16 parameters, fp32 reduction")
     parser.add_argument("--check-gradients", action="store_true",
                         help="compare the full gradient with a single-process reference")
+    parser.add_argument("--activation-checkpointing", action="store_true",
+                        help="recompute each block's forward in backward instead of keeping its activations")
+    parser.add_argument("--cpu-offload", action="store_true",
+                        help="FSDP: keep sharded parameters, gradients and Adam state in host memory "
+                        "(CPUOffloadPolicy); DDP strategies run without it")
+    parser.add_argument("--replicas", type=int, default=1,
+                        help="FSDP: HSDP over a replicas x (world size / replicas) mesh (default 1: full "
+                        "sharding); DDP strategies run without it")
+    parser.add_argument("--grad-accum", type=int, default=1, metavar="STEPS",
+                        help="micro-batches per optimizer step; gradients sync on the last only (default 1)")
     parser.add_argument("--device", choices=DEVICES, default="cpu",
                         help="cpu (gloo) or cuda (NCCL, one GPU per rank); ignored under torchrun")
     parser.add_argument(
@@ -49,11 +60,18 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
-def _run_config(args: argparse.Namespace, strategy: str, **options) -> RunConfig:
+def _run_config(args: argparse.Namespace, strategy: str, *, fsdp_options_only_where_they_apply: bool = False,
+                **options) -> RunConfig:
+    """The run the flags describe. `compare` passes FSDP's own options (offload, HSDP) to the FSDP
+    strategies only; `measure` refuses them for a DDP strategy, naming the option."""
+    fsdp_options = {"cpu_offload": args.cpu_offload, "replicas": args.replicas}
+    if fsdp_options_only_where_they_apply and not RunConfig.of(strategy).strategy.fully_sharded:
+        fsdp_options = {}
     return RunConfig.of(
         strategy, world_size=args.world_size, device=args.device, placement=args.placement, size=args.size,
-        prefetch=args.prefetch,
-        mixed_precision=args.mixed_precision, check_gradients=args.check_gradients, **options,
+        prefetch=args.prefetch, mixed_precision=args.mixed_precision, check_gradients=args.check_gradients,
+        activation_checkpointing=args.activation_checkpointing, grad_accum_steps=args.grad_accum,
+        **fsdp_options, **options,
     )
 
 
@@ -87,7 +105,7 @@ def run_measure(args: argparse.Namespace) -> int:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    runs = [_run_config(args, strategy) for strategy in STRATEGIES]
+    runs = [_run_config(args, strategy, fsdp_options_only_where_they_apply=True) for strategy in STRATEGIES]
     names = ", ".join(map(str, STRATEGIES))
     measurements = _measure(runs, args, f"measuring {names} on {args.world_size} ranks")
     if measurements[0] is None:

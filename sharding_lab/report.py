@@ -35,6 +35,14 @@ def _title(m: Measurement) -> str:
         extras.append(f"prefetch {'on' if c.prefetch else 'off'}")
     if c.mixed_precision:
         extras.append("bf16 params, fp32 reduce")
+    if c.activation_checkpointing:
+        extras.append("activation checkpointing")
+    if c.cpu_offload:
+        extras.append("CPU offload" + (" (the device is the host: nothing moves)" if c.device == "cpu" else ""))
+    if c.replicas > 1:
+        extras.append(f"HSDP {c.replicas} replicas x {c.world_size // c.replicas} shards")
+    if c.grad_accum_steps > 1:
+        extras.append(f"{c.grad_accum_steps} micro-batches per step")
     return (
         f"{c.strategy} on {c.world_size} ranks ({c.backend}, {c.device}), {c.size}: "
         f"{c.num_params:,} params, {c.n_blocks} blocks" + (f"; {', '.join(extras)}" if extras else "")
@@ -65,8 +73,9 @@ def render_measurement(m: Measurement, console: Console | None = None) -> None:
             categories.add_row(name, *(human_bytes(v) for v in values))
     console.print(categories)
 
-    comm = Table(title="Collectives in one step (rank 0); wire bytes derived from ring formulas")
-    for column in ("op", *PHASES, "count", "bytes", "wire bytes (derived)"):
+    comm = Table(title="Collectives in one step (rank 0); wire bytes derived from ring formulas over each "
+                 "collective's group")
+    for column in ("op", "mesh dim", *PHASES, "count", "bytes", "wire bytes (derived)"):
         comm.add_column(column, justify="left" if column == "op" else "right")
     totals = m.comm.totals()
     for op in OPS:
@@ -75,7 +84,8 @@ def render_measurement(m: Measurement, console: Console | None = None) -> None:
             continue
         by_phase = [str(sum(1 for c in ops if c.phase == phase)) for phase in PHASES]
         total = totals[op]
-        comm.add_row(op, *by_phase, str(total.count), human_bytes(total.bytes), human_bytes(total.wire_bytes_derived))
+        dims = ", ".join(dict.fromkeys(f"{c.mesh_dim} ({c.group_size})" for c in ops if c.mesh_dim)) or "-"
+        comm.add_row(op, dims, *by_phase, str(total.count), human_bytes(total.bytes), human_bytes(total.wire_bytes_derived))
     console.print(comm)
     _print_footer(m, console)
 

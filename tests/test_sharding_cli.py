@@ -64,6 +64,19 @@ def test_a_refused_combination_is_a_usage_error_before_any_rank_starts(capsys):
     assert captured.out == "" and "needs CUDA" in captured.err
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--strategy", "ddp", "--cpu-offload"], "cpu_offload is an FSDP option: ddp does not shard parameters"),
+        (["--strategy", "zero3", "--world-size", "4", "--replicas", "3"], "replicas=3 must divide the world size 4"),
+        (["--strategy", "zero3", "--grad-accum", "0"], "grad_accum_steps must be at least 1"),
+    ],
+)
+def test_engine_options_the_run_cannot_take_are_named_before_any_rank_starts(argv, message, capsys):
+    assert cli.main(["measure", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_measure_json_is_exactly_one_object_with_the_documented_fields():
     completed = subprocess.run(
