@@ -1,0 +1,115 @@
+"""DeepSpeed's published model-state estimators, reproduced (not imported: no deepspeed dependency).
+
+A reproduction of the formulas in deepspeedai/DeepSpeed:
+- `deepspeed/runtime/zero/stage3.py`: `estimate_zero3_model_states_mem_needs` (and `model_to_params`,
+  which takes the largest layer as the module with the most parameters of its own),
+- `deepspeed/runtime/zero/stage_1_and_2.py`: `estimate_zero2_model_states_mem_needs`,
+read at commit edaa7221267243c7be7fb49c5d5f5c4fb97b4641. Their `..._all_cold` functions print these
+figures divided by 2**30 with the label "GB" (so GiB). They count model states only (fp16 params, grads,
+fp32 master copy and Adam moments, plus DeepSpeed's largest-layer buffer): no activations, no
+temporaries, no batch or sequence.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+SOURCE = "deepspeedai/DeepSpeed deepspeed/runtime/zero/stage3.py and stage_1_and_2.py (reproduced formula)"
+
+
+def estimate_zero3_model_states_mem_needs(
+    total_params: int,
+    largest_layer_params: int,
+    num_gpus_per_node: int = 1,
+    num_nodes: int = 1,
+    cpu_offload: bool = True,
+    cpu_offload_params: bool = True,
+    zero_init: bool = True,
+    additional_buffer_factor: float = 1.5,
+) -> tuple[int, int, int]:
+    """(cpu_mem, gpu_mem, largest_layer_memory) in bytes, as DeepSpeed's function returns them."""
+    total_gpus = num_nodes * num_gpus_per_node
+    gpus_factor = 1 / num_nodes
+    largest_layer_memory = 4 * largest_layer_params
+    if cpu_offload:
+        if cpu_offload_params:
+            gpu_mem = largest_layer_memory
+            if zero_init:
+                cpu_mem = total_params * 18 * gpus_factor * additional_buffer_factor
+            else:
+                cpu_mem = total_params * max(4 * num_gpus_per_node, 18 * gpus_factor) * additional_buffer_factor
+        else:
+            gpu_mem = largest_layer_memory + int(2 * total_params / total_gpus)
+            if zero_init:
+                cpu_mem = total_params * 16 * gpus_factor * additional_buffer_factor
+            else:
+                cpu_mem = total_params * max(4 * num_gpus_per_node, 16 * gpus_factor) * additional_buffer_factor
+    else:
+        gpu_mem = largest_layer_memory + int(18 * total_params / total_gpus)
+        if zero_init:
+            cpu_mem = largest_layer_params * 4 * num_gpus_per_node * additional_buffer_factor
+        else:
+            cpu_mem = total_params * 4 * num_gpus_per_node * additional_buffer_factor
+    return int(cpu_mem), int(gpu_mem), largest_layer_memory
+
+
+def estimate_zero2_model_states_mem_needs(
+    total_params: int,
+    num_gpus_per_node: int = 1,
+    num_nodes: int = 1,
+    cpu_offload: bool = True,
+    additional_buffer_factor: float = 1.5,
+) -> tuple[int, int]:
+    """(cpu_mem, gpu_mem) in bytes: 2Ψ of fp16 parameters on every GPU, plus 18Ψ/N (2 fp16 grads, 4 fp32
+    grads, 4 fp32 params, 8 Adam) unless offloaded."""
+    total_gpus = num_nodes * num_gpus_per_node
+    if cpu_offload:
+        gpu_mem = 2 * total_params
+        cpu_mem = total_params * max(4 * total_gpus, 16) * additional_buffer_factor
+    else:
+        gpu_mem = 2 * total_params + int(18 * total_params / total_gpus)
+        cpu_mem = total_params * 4 * num_gpus_per_node * additional_buffer_factor
+    return int(cpu_mem), int(gpu_mem)
+
+
+def largest_layer_params(parameter_shapes: Sequence[tuple[str, tuple[int, ...]]]) -> int:
+    """DeepSpeed's `model_to_params`: the module with the most parameters of its own (not recursing), read
+    off parameter names: `blocks.0.mlp.c_fc.weight` and `.bias` belong to module `blocks.0.mlp.c_fc`."""
+    per_module: dict[str, int] = {}
+    for name, shape in parameter_shapes:
+        module = name.rpartition(".")[0]
+        per_module[module] = per_module.get(module, 0) + math.prod(shape)
+    return max(per_module.values(), default=0)
+
+
+@dataclass(frozen=True)
+class DeepSpeedEstimate:
+    """DeepSpeed's per-GPU figure for one configuration, and what it is."""
+
+    stage: int  # 2 or 3
+    gpu_bytes: int
+    cpu_bytes: int
+    options: str  # the row of DeepSpeed's printed table it is
+    counts: str = "model states only (fp16 params and grads, fp32 master, Adam); no activations or buffers"
+    source: str = SOURCE
+
+
+def deepspeed_estimate(
+    stage: int, total_params: int, largest_layer: int, gpus: int, *, cpu_offload: bool = False
+) -> DeepSpeedEstimate:
+    """The row of DeepSpeed's `estimate_zero{2,3}_model_states_mem_needs_all_cold` table for `gpus` GPUs on
+    one node: without offload, or (cpu_offload) with the optimizer and, for stage 3, the parameters offloaded."""
+    if stage == 3:
+        cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
+            total_params, largest_layer, num_gpus_per_node=gpus, cpu_offload=cpu_offload,
+            cpu_offload_params=cpu_offload,
+        )
+        options = "offload_param=cpu, offload_optimizer=cpu, zero_init=1" if cpu_offload else (
+            "offload_param=none, offload_optimizer=none, zero_init=1")
+        return DeepSpeedEstimate(3, gpu, cpu, options)
+    if stage == 2:
+        cpu, gpu = estimate_zero2_model_states_mem_needs(total_params, num_gpus_per_node=gpus, cpu_offload=cpu_offload)
+        return DeepSpeedEstimate(2, gpu, cpu, f"offload_optimizer={'cpu' if cpu_offload else 'none'}")
+    raise ValueError(f"DeepSpeed publishes estimators for ZeRO stages 2 and 3, not {stage}")
