@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from sharding_lab import estimate
+from sharding_lab import estimate, plan_command
 from sharding_lab.labs.commands import register as register_labs  # list, run (no torch on import)
 from sharding_lab.model_config import SIZES
 from sharding_lab.run_config import DEVICES, Placement, RunConfig
@@ -148,8 +148,22 @@ def _print_json(obj: dict) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
 
 
+def _simulate_plan(request) -> dict:
+    """`plan --simulate`: the engine's FSDP2 simulation of a plan request (the engine imported only now)."""
+    from sharding_lab.engine.simulate import simulate
+
+    return simulate(request.model.name, request.mesh.world_size, batch=request.micro_batch, seq=request.seq,
+                    prefetch=request.prefetch, mixed_precision=request.mixed_precision)
+
+
+def register_plan(subparsers) -> None:
+    plan_command.register(subparsers, simulate=_simulate_plan)
+
+
 # Every subcommand, in the order `--help` lists them. The labs' `list` and `run` go here too.
-SUBCOMMANDS: tuple[Callable[..., None], ...] = (register_measure, register_compare, estimate.register, register_labs)
+SUBCOMMANDS: tuple[Callable[..., None], ...] = (
+    register_measure, register_compare, estimate.register, register_plan, register_labs,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from sharding_lab.model_config import SIZES, GPTConfig, parameter_shapes
-from sharding_lab.planner_comm import Collective, MeshDim, collectives_per_step
+from sharding_lab.planner_comm import WIRE_DERIVATION, Collective, MeshDim, collectives_per_step
 from sharding_lab.planner_memory import Moment, StepShape, peak
 from sharding_lab.strategies import Strategy
 
@@ -385,6 +385,45 @@ def with_strategy(request: PlanRequest, strategy: Strategy) -> PlanRequest:
 
 __all__ = [
     "GB", "DEFAULT_HEADROOM", "Category", "Collective", "Figure", "Mesh", "MeshDim", "Method", "ModelShape",
-    "PeakMemory", "Plan", "PlanRequest", "analytic_peak", "largest_micro_batch", "plan_analytic",
+    "PeakMemory", "Plan", "PlanRequest", "analytic_peak", "largest_micro_batch", "plan_analytic", "plan_json",
     "where_it_holds", "with_strategy",
 ]
+
+
+def plan_json(plan: Plan) -> dict:
+    """A plan as plain JSON: bytes as integers, enums as their names."""
+    r = plan.request
+    return {
+        "method": str(plan.method),
+        "request": {
+            "model": {"name": r.model.name, "layers": r.model.layers, "width": r.model.width,
+                      "heads": r.model.heads, "vocab": r.model.vocab, "seq_len": r.model.seq_len,
+                      "tied": r.model.tied, "bias": r.model.bias},
+            "mesh": {"replicas": r.mesh.replicas, "shards": r.mesh.shards, "world_size": r.mesh.world_size},
+            "gpu_memory_gb": r.gpu_memory_gb, "gpu_memory_unit": "GB (1e9 bytes)",
+            "micro_batch": r.micro_batch, "seq": r.seq, "strategy": str(r.strategy),
+            "mixed_precision": r.mixed_precision, "activation_checkpointing": r.activation_checkpointing,
+            "cpu_offload": r.cpu_offload, "grad_accum_steps": r.grad_accum_steps, "headroom": r.headroom,
+        },
+        "num_params": plan.num_params,
+        "peak": {
+            "moment": plan.peak.moment,
+            "total_bytes": plan.peak.total,
+            "categories": {str(c): {"bytes": f.bytes, "holds": f.holds} for c, f in plan.peak.categories},
+            "host_bytes": plan.peak.host_bytes,
+        },
+        "usable_bytes": r.usable_bytes,
+        "fits": plan.fits,
+        "headroom": plan.headroom_statement,
+        "largest_micro_batch": plan.largest_micro_batch,
+        "communication": [
+            {"op": c.op, "phase": c.phase, "mesh_dim": str(c.mesh_dim), "ranks": c.ranks, "dtype": c.dtype,
+             "calls": c.calls, "logical_bytes": c.logical_bytes, "wire_bytes_derived": c.wire_bytes_derived,
+             "holds": c.holds}
+            for c in plan.communication
+        ],
+        "wire_bytes_derived_from": WIRE_DERIVATION,
+        "holds": plan.holds,
+        "leaves_out": list(plan.leaves_out),
+        "notes": list(plan.notes),
+    }

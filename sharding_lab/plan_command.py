@@ -1,0 +1,306 @@
+"""`sharding-lab plan`: will it fit? The analytic planner beside the FSDP2 simulation and DeepSpeed's formula.
+
+    sharding-lab plan --size 7b --gpus 64 --micro-batch 1 --seq 2048 --strategy all --mixed-precision
+    sharding-lab plan --layers 32 --width 4096 --heads 32 --vocab 50304 --seq 2048 --mesh 8x8 --gpu-memory-gb 141
+    sharding-lab plan --size 1b --gpus 8 --micro-batch 4 --seq 512 --simulate --json
+
+Torch-free: the simulation arrives as a callable (`register(subparsers, simulate=...)`), which `cli.py`
+supplies with a lazy import of the engine, so importing this module never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from dataclasses import replace
+
+from sharding_lab.deepspeed_formula import DeepSpeedEstimate, deepspeed_estimate, largest_layer_params
+from sharding_lab.planner import (
+    GB,
+    Category,
+    Figure,
+    Mesh,
+    Method,
+    ModelShape,
+    PeakMemory,
+    Plan,
+    PlanRequest,
+    plan_analytic,
+    plan_json,
+)
+from sharding_lab.planner_comm import WIRE_DERIVATION
+from sharding_lab.strategies import NAMES, STRATEGIES, Strategy
+from sharding_lab.units import human_bytes
+
+# What the simulation is handed and gives back: engine.simulate.simulate's result dict for the request.
+Simulator = Callable[[PlanRequest], dict]
+
+SIMULATION_HOLDS = "PyTorch FSDP2 itself (fully_shard per block, then root) on FakeTensors on CPU, FSDPMemTracker"
+SIMULATION_LEAVES_OUT = (
+    "the CUDA context, NCCL's buffers and the caching allocator's reserve (allocated bytes, as on CPU)",
+    "CUDA's kernels' own workspaces (e.g. cuBLAS) and fp32 LayerNorm statistics",
+    "communication time: collectives are answered by a fake process group",
+)
+# The simulator's tracker categories, folded into the planner's.
+_SIMULATED_CATEGORIES: dict[Category, tuple[str, ...]] = {
+    Category.PARAMETERS: ("params", "unsharded_params", "module_buffers"),
+    Category.GRADIENTS: ("grads", "unsharded_grads"),
+    Category.OPTIMIZER_STATE: ("optimizer",),
+    Category.ACTIVATIONS: ("activations", "inputs"),
+    Category.TEMPORARIES: ("temporaries",),
+    Category.ALL_GATHER_BUFFERS: ("all_gather_buffers",),
+    Category.REDUCE_SCATTER_BUFFERS: ("reduce_scatter_buffers",),
+}
+
+
+def simulation_unavailable(request: PlanRequest) -> str | None:
+    """Why the engine's simulation cannot answer this request, or None when it can."""
+    reasons = []
+    if request.strategy is not Strategy.ZERO3:
+        reasons.append(f"strategy {request.strategy} (zero3 only)")
+    if request.model.name is None:
+        reasons.append("a shape given by hand (named sizes only)")
+    if request.model.tied:
+        reasons.append("tied embeddings (our GPT is untied)")
+    for on, option in (
+        (request.mesh.replicas > 1, "HSDP"),
+        (request.activation_checkpointing, "activation checkpointing"),
+        (request.cpu_offload, "CPU offload"),
+        (request.grad_accum_steps > 1, "gradient accumulation"),
+    ):
+        if on:
+            reasons.append(option)
+    return "simulation not available for " + ", ".join(reasons) if reasons else None
+
+
+def plan_from_simulation(request: PlanRequest, result: dict) -> Plan:
+    """The simulation's peak breakdown as a Plan (communication is the analytic count: the fake process
+    group moves nothing, so there is nothing else to report)."""
+    breakdown = result["peak_breakdown"]
+    categories = tuple(
+        (c, Figure(sum(breakdown.get(key, 0) for key in keys), SIMULATION_HOLDS))
+        for c, keys in _SIMULATED_CATEGORIES.items()
+    )
+    peak = PeakMemory(moment="the tracker's global peak", categories=categories)
+    assert peak.total == breakdown["total"], "every tracker category is folded into one of ours"
+    return Plan(
+        request=request,
+        method=Method.SIMULATION,
+        num_params=result["num_params"],
+        peak=peak,
+        largest_micro_batch=None,
+        communication=plan_analytic(request).communication,
+        holds=SIMULATION_HOLDS,
+        leaves_out=SIMULATION_LEAVES_OUT,
+        notes=(f"simulated in {result['wall_s']:.1f} s",),
+    )
+
+
+def deepspeed_for(request: PlanRequest) -> DeepSpeedEstimate | None:
+    """DeepSpeed's formula for the same configuration (ZeRO-2 and -3 only; GPUs on one node)."""
+    if request.strategy not in (Strategy.ZERO2, Strategy.ZERO3):
+        return None
+    shapes = request.model.parameter_shapes()
+    stage = 3 if request.strategy is Strategy.ZERO3 else 2
+    return deepspeed_estimate(stage, request.model.num_params, largest_layer_params(shapes),
+                              request.mesh.world_size, cpu_offload=request.cpu_offload)
+
+
+def _request(args: argparse.Namespace, strategy: Strategy) -> PlanRequest:
+    if args.size is not None:
+        model = ModelShape.named(args.size)
+    else:
+        missing = [f"--{n}" for n in ("layers", "width", "heads", "vocab", "seq") if getattr(args, n) is None]
+        if missing:
+            raise ValueError(f"give --size NAME, or the shape: {' '.join(missing)} missing")
+        model = ModelShape(args.layers, args.width, args.heads, args.vocab, args.seq, tied=args.tied)
+    if args.tied and args.size is not None:
+        model = replace(model, tied=True)
+    mesh = Mesh.parse(args.mesh) if args.mesh is not None else Mesh.of(args.gpus)
+    return PlanRequest(
+        model, mesh, args.gpu_memory_gb, micro_batch=args.micro_batch, seq=args.seq, strategy=strategy,
+        mixed_precision=args.mixed_precision, activation_checkpointing=args.activation_checkpointing,
+        cpu_offload=args.cpu_offload, grad_accum_steps=args.grad_accum, headroom=args.headroom,
+    )
+
+
+def _strategies(args: argparse.Namespace) -> list[Strategy]:
+    if args.strategy == "all":
+        # Offload and HSDP are FSDP2's: with them, `all` means the strategies that have them.
+        fsdp_only = args.cpu_offload or (args.mesh is not None and Mesh.parse(args.mesh).replicas > 1)
+        return [s for s in STRATEGIES if s.fully_sharded or not fsdp_only]
+    return [Strategy.parse(args.strategy)]
+
+
+def run_plan(args: argparse.Namespace, simulate: Simulator | None) -> int:
+    """Arguments in, one report out: a table per strategy, or one JSON object."""
+    results = []
+    for strategy in _strategies(args):
+        request = _request(args, strategy)
+        analytic = plan_analytic(request)
+        simulated, unavailable = None, None
+        if args.simulate:
+            unavailable = simulation_unavailable(request) or (None if simulate else "simulation not available here")
+            if unavailable is None:
+                simulated = plan_from_simulation(request, simulate(request))
+        results.append((analytic, simulated, unavailable, deepspeed_for(request)))
+    if args.json:
+        print(json.dumps(_report_json(results), indent=2))
+    else:
+        _render(results)
+    return 0
+
+
+def _deepspeed_json(estimate: DeepSpeedEstimate | None) -> dict | None:
+    if estimate is None:
+        return None
+    return {"stage": estimate.stage, "gpu_bytes": estimate.gpu_bytes, "cpu_bytes": estimate.cpu_bytes,
+            "options": estimate.options, "counts": estimate.counts, "source": estimate.source}
+
+
+def _report_json(results) -> dict:
+    strategies = {}
+    for analytic, simulated, unavailable, deepspeed in results:
+        entry: dict = {"analytic": plan_json(analytic), "deepspeed": _deepspeed_json(deepspeed)}
+        if simulated is not None:
+            entry["simulation"] = plan_json(simulated)
+            entry["analytic_error_vs_simulation"] = analytic.peak.total / simulated.peak.total - 1
+        elif unavailable is not None:
+            entry["simulation"] = {"unavailable": unavailable}
+        strategies[str(analytic.request.strategy)] = entry
+    return {"gb": "1e9 bytes", "wire_bytes_derived_from": WIRE_DERIVATION, "strategies": strategies}
+
+
+def _gb(num_bytes: int) -> str:
+    return f"{num_bytes / GB:.2f} GB ({human_bytes(num_bytes)})"
+
+
+def _render(results) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    first = results[0][0].request
+    mesh = first.mesh
+    gpus = f"{mesh.replicas} replicas x {mesh.shards} shards (HSDP)" if mesh.replicas > 1 else f"{mesh.world_size} GPUs"
+    options = [o for on, o in ((first.mixed_precision, "bf16 mixed precision"),
+                               (first.activation_checkpointing, "activation checkpointing"),
+                               (first.cpu_offload, "CPU offload"),
+                               (first.grad_accum_steps > 1, f"{first.grad_accum_steps} micro-batches per step")) if on]
+    console.print(
+        f"[bold]{first.model.label}[/bold], {results[0][0].num_params / 1e9:.3g}B params, on {gpus} of "
+        f"{first.gpu_memory_gb:g} GB, micro-batch {first.micro_batch} x seq {first.seq}"
+        + (f"; {', '.join(options)}" if options else "; fp32")
+    )
+    for analytic, simulated, unavailable, deepspeed in results:
+        _render_strategy(console, Table, analytic, simulated, unavailable, deepspeed)
+    if len(results) > 1:
+        summary = Table(title="Side by side (per GPU)")
+        for column in ("strategy", "peak GB", "simulated", "fits", "max batch", "DeepSpeed", "comm/step",
+                       "wire (derived)"):
+            summary.add_column(column, justify="left" if column == "strategy" else "right")
+        for analytic, simulated, _, deepspeed in results:
+            summary.add_row(
+                str(analytic.request.strategy), f"{analytic.peak.total / GB:.2f}",
+                f"{simulated.peak.total / GB:.2f}" if simulated else "-", "yes" if analytic.fits else "NO",
+                str(analytic.largest_micro_batch), f"{deepspeed.gpu_bytes / GB:.2f}" if deepspeed else "-",
+                human_bytes(sum(c.logical_bytes for c in analytic.communication)),
+                human_bytes(sum(c.wire_bytes_derived for c in analytic.communication)),
+            )
+        console.print(summary)
+    console.print(f"GB = 1e9 bytes. {results[0][0].headroom_statement}. Wire bytes are {WIRE_DERIVATION}.")
+
+
+def _render_strategy(console, Table, analytic: Plan, simulated: Plan | None, unavailable, deepspeed) -> None:
+    request = analytic.request
+    table = Table(title=f"{request.strategy}: per-GPU peak ({analytic.peak.moment}, analytic)")
+    table.add_column("per GPU")
+    table.add_column("analytic", justify="right")
+    table.add_column("simulated" if simulated else "simulation", justify="right")
+    for category, figure in analytic.peak.categories:
+        table.add_row(str(category).replace("_", " "), human_bytes(figure.bytes),
+                      human_bytes(simulated.peak[category].bytes) if simulated else "-")
+    sim_total = _gb(simulated.peak.total) if simulated else (unavailable or "not asked (--simulate)")
+    table.add_row("[bold]total[/bold]", _gb(analytic.peak.total), sim_total, end_section=True)
+    if analytic.peak.host_bytes:
+        table.add_row("in host memory (CPU offload)", human_bytes(analytic.peak.host_bytes), "-")
+    fits = "yes" if analytic.fits else "NO"
+    table.add_row("fits", fits, ("yes" if simulated.fits else "NO") if simulated else "-")
+    table.add_row("largest micro-batch that fits", str(analytic.largest_micro_batch), "-")
+    if deepspeed:
+        table.add_row(f"DeepSpeed ZeRO-{deepspeed.stage} formula", _gb(deepspeed.gpu_bytes), "",
+                      style="dim")
+    console.print(table)
+    if simulated:
+        error = analytic.peak.total / simulated.peak.total - 1
+        console.print(f"  analytic vs simulated peak: {error:+.2%}; {simulated.notes[0]}")
+    comm = Table(title=f"{request.strategy}: communication per optimizer step, per GPU")
+    for column in ("collective", "phase", "on", "dtype", "calls", "logical", "wire (derived)"):
+        comm.add_column(column, justify="left" if column in ("collective", "phase", "on", "dtype") else "right")
+    for c in analytic.communication:
+        comm.add_row(c.op, c.phase, f"{c.mesh_dim} x{c.ranks}", c.dtype, "buckets" if c.calls is None else str(c.calls),
+                     human_bytes(c.logical_bytes), human_bytes(c.wire_bytes_derived))
+    console.print(comm)
+    console.print(f"  [dim]analytic holds for: {analytic.holds}.[/dim]")
+    console.print(f"  [dim]analytic leaves out: {'; '.join(analytic.leaves_out)}.[/dim]")
+    if simulated:
+        console.print(f"  [dim]simulation leaves out: {'; '.join(simulated.leaves_out)}.[/dim]")
+    if deepspeed:
+        console.print(f"  [dim]DeepSpeed's formula ({deepspeed.options}) counts {deepspeed.counts}; "
+                      f"{deepspeed.source}.[/dim]")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def register(subparsers, *, simulate: Simulator | None = None) -> None:
+    """Add `plan` to the sharding-lab CLI; `simulate` answers --simulate (None: unavailable)."""
+    parser = subparsers.add_parser(
+        "plan",
+        help="will it fit? per-GPU peak memory by category and communication, analytic beside the simulation",
+        description="Per-GPU peak memory by category, whether it fits, the largest micro-batch, and per-step "
+        "communication, from the torch-free analytic model; --simulate adds the FSDP2 simulation beside it.",
+    )
+    model = parser.add_argument_group("model: a named size, or its shape")
+    model.add_argument("--size", help="a named size (tiny, mini, gpt2-small, ..., 1b, 7b, 70b)")
+    model.add_argument("--layers", type=_positive_int)
+    model.add_argument("--width", type=_positive_int)
+    model.add_argument("--heads", type=_positive_int)
+    model.add_argument("--vocab", type=_positive_int)
+    model.add_argument("--tied", action="store_true", help="lm_head shares the embedding's weight")
+    gpus = parser.add_mutually_exclusive_group(required=True)
+    gpus.add_argument("--gpus", type=_positive_int, help="data-parallel GPUs N (a 1-D mesh)")
+    gpus.add_argument("--mesh", help="HSDP mesh REPLICASxSHARDS, e.g. 8x8")
+    parser.add_argument("--gpu-memory-gb", type=_positive_float, default=80.0,
+                        help="memory per GPU in decimal GB (1e9 B): 80 (H100), 141 (H200); default 80")
+    parser.add_argument("--headroom", type=float, default=0.1,
+                        help="fraction of GPU memory kept free (default 0.1)")
+    parser.add_argument("--micro-batch", type=_positive_int, default=1, help="sequences per GPU per forward")
+    parser.add_argument("--seq", type=_positive_int,
+                        help="tokens per sequence (default the size's block size); with a shape, also its length")
+    parser.add_argument("--strategy", default="zero3", choices=[*NAMES, "all"], help="one strategy, or all")
+    parser.add_argument("--mixed-precision", action="store_true", help="bf16 compute, fp32 reduction and master")
+    parser.add_argument("--activation-checkpointing", action="store_true", help="checkpoint every block")
+    parser.add_argument("--cpu-offload", action="store_true", help="FSDP2 CPUOffloadPolicy (zero2, zero3)")
+    parser.add_argument("--grad-accum", type=_positive_int, default=1, help="micro-batches per optimizer step")
+    parser.add_argument("--simulate", action="store_true", help="add the FSDP2 simulation (slow: seconds to a minute)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+    parser.set_defaults(func=lambda args: run_plan(args, simulate))
