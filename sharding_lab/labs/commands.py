@@ -171,6 +171,8 @@ def _print_runs(runs: list[dict]) -> None:
         console.print(f"[bold]Claim[/bold] {escape(run['claim'])}", highlight=False)
         console.print(f"[bold]Verdict[/bold] {verdict}  ({run['duration_s']:.1f} s)")
         console.print(f"[bold]Finding[/bold] {escape(run['finding'])}", highlight=False)
+        if run.get("at_scale"):
+            console.print(f"[bold]At scale[/bold] {escape(run['at_scale'])}", highlight=False)
         table = Table(show_header=True)
         for column in run["table"]["columns"]:
             table.add_column(str(column), overflow="fold")

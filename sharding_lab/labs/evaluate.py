@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from sharding_lab.labs.at_scale import at_scale_line
 from sharding_lab.labs.base import Lab, Report, RunSpec, Table, Verdict
 from sharding_lab.measurement import Measurements
 
@@ -31,7 +32,8 @@ def evaluate(
 
     lab, title, claim, questions: the catalogue entry; holds: whether every condition of the check
     held; reasons: each condition with its numbers ("NOT ..." when it failed); finding: what was
-    measured, in a sentence or two with the numbers; table: {"columns", "rows"} the finding rests on;
+    measured, in a sentence or two with the numbers; at_scale: the same configurations planned for 7B
+    on 64 GPUs and 70B on 1024 (sharding_lab.labs.at_scale); table: {"columns", "rows"} the finding rests on;
     charts: {name: SVG}; measurements: {run key: the engine's measurement JSON}; config: strategy (and
     strategies), world_size (and world_sizes), each run's options, size, backend, device,
     torch_version; duration_s: seconds of the launches it used (shared with other labs under
@@ -48,6 +50,7 @@ def evaluate(
         "questions": list(lab.info.questions),
         "holds": verdict.holds,
         "finding": f"{report.finding} {where_it_holds(measurements)}",
+        "at_scale": at_scale_line(lab),
         "reasons": list(verdict.reasons),
         "table": report.table.to_dict(),
         "charts": report.charts,

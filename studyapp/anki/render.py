@@ -57,6 +57,8 @@ def render_lab_result(result: LabResult | None) -> str:
     verdict = {True: "<b>The claim held.</b> ", False: "<b>The claim did not hold.</b> "}.get(result.get("holds"), "")
     finding = str(result.get("finding") or "")
     parts = [f'<p class="mc-lab-finding">{verdict}{escape_text(finding)}</p>']
+    if result.get("at_scale"):
+        parts.append(f'<p class="mc-lab-at-scale">{escape_text(str(result["at_scale"]))}</p>')
     config = result.get("config")
     if isinstance(config, Mapping):
         where = [str(config["device"])] if config.get("device") else []
