@@ -101,6 +101,67 @@ CATALOG: tuple[LabInfo, ...] = (
         "Under ZeRO stage 1 each rank keeps optimizer state for only the parameters it owns while parameters and gradients stay full; PyTorch assigns whole tensors, so a rank's share is 1/N only while every tensor is small beside Ψ/N.",
         ("zero-stage1-optimizer",),
     ),
+    # The third deck (bank/beyond.yaml): what the two quizzes leave out.
+    LabInfo(
+        "activation-memory-per-rank",
+        "Activations and temporaries as ranks are added",
+        "As FSDP adds ranks, each rank's model states fall as 1/N while its activations and temporaries stay the same, so they become most of the peak.",
+        ("beyond-activations-do-not-shrink",),
+    ),
+    LabInfo(
+        "activation-checkpointing",
+        "Activation checkpointing: memory against recomputation",
+        "Checkpointing each block keeps only its input for backward and runs its forward again there: activation memory falls and every block's forward runs twice per step.",
+        ("beyond-activation-checkpointing",),
+    ),
+    LabInfo(
+        "fsdp2-mixed-precision",
+        "FSDP2's mixed precision: which copy has which dtype",
+        "FSDP2's mixed precision keeps fp32 parameter shards, gradients and Adam state (4/4/8 bytes per parameter, not the paper's 2/2/12), all-gathers bf16 copies for compute and reduce-scatters fp32 gradients.",
+        ("beyond-fsdp2-mixed-precision",),
+    ),
+    LabInfo(
+        "cpu-offload-traffic",
+        "CPU offload: what moves between host and device",
+        "FSDP2's CPU offload keeps parameter shards, gradients and Adam state on the host, copies each rank's parameter shard to the device at every all-gather and its gradient shard back at every reduce-scatter, and runs the optimizer on the host.",
+        ("beyond-cpu-offload",),
+    ),
+    LabInfo(
+        "hsdp-two-collectives",
+        "HSDP: reduce-scatter within a group, all-reduce across replicas",
+        "HSDP all-gathers and reduce-scatters within a shard group and all-reduces the gradient shards across replicas; each rank holds 1/shards of the model states, more than full sharding's 1/N.",
+        ("beyond-hsdp",),
+    ),
+    LabInfo(
+        "grad-accumulation-no-sync",
+        "Gradient accumulation under FSDP without syncing",
+        "Accumulating without syncing makes FSDP skip the reduce-scatter on all but the last micro-batch: one reduce-scatter per optimizer step instead of one per micro-batch, while every rank holds unsharded gradients in between.",
+        ("beyond-grad-accumulation",),
+    ),
+    LabInfo(
+        "zero3-persistence-threshold",
+        "Small parameters: DeepSpeed's persistence threshold against FSDP2",
+        "FSDP2 shards and all-gathers every parameter, however small; DeepSpeed's ZeRO-3 keeps parameters of at most stage3_param_persistence_threshold (1e5) elements whole on every rank.",
+        ("beyond-persistence-threshold",),
+    ),
+    LabInfo(
+        "ring-all-reduce",
+        "A ring all-reduce is a reduce-scatter plus an all-gather",
+        "DDP's all-reduce and ZeRO-2's reduce-scatter plus all-gather move the same bytes: each rank sends 2(N-1)/N of the gradient bytes per step.",
+        ("beyond-ring-all-reduce",),
+    ),
+    LabInfo(
+        "ddp-gradient-buckets",
+        "DDP's gradient buckets",
+        "DDP all-reduces gradients bucket by bucket in the order backward produces them: the first bucket closes at 1 MiB, later ones at bucket_cap_mb (25 MiB), so the number of all-reduces follows the model's size and shapes.",
+        ("beyond-ddp-buckets",),
+    ),
+    LabInfo(
+        "zero1-whole-tensors",
+        "ZeroRedundancyOptimizer's whole tensors against DeepSpeed's flat partition",
+        "PyTorch's ZeroRedundancyOptimizer gives each rank whole tensors, largest first to the emptiest rank; DeepSpeed's ZeRO-1 splits one flat buffer into N equal parts.",
+        ("beyond-zero1-whole-tensors",),
+    ),
 )
 
 LABS_BY_ID: dict[str, LabInfo] = {lab.id: lab for lab in CATALOG}

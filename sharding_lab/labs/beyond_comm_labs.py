@@ -323,7 +323,161 @@ def report_buckets(a: Buckets) -> Report:
     )
 
 
+# --- hsdp-two-collectives ------------------------------------------------------------------------------------
+
+HSDP_REPLICAS = 2
+
+
+def hsdp_keys(world_size: int) -> tuple[str, str, str]:
+    """(HSDP on 2N ranks, full sharding on 2N, full sharding on N): N is the shard group's size."""
+    return (
+        f"hsdp, {HSDP_REPLICAS} replicas x {world_size}",
+        f"zero3, N={2 * world_size}",
+        f"zero3, N={world_size}",
+    )
+
+
+def hsdp_runs(world_size: int) -> tuple[RunSpec, ...]:
+    hsdp, full, group = hsdp_keys(world_size)
+    n = HSDP_REPLICAS * world_size
+    return (
+        RunSpec(hsdp, RunConfig.of(Strategy.ZERO3, world_size=n, replicas=HSDP_REPLICAS)),
+        RunSpec(full, RunConfig(Strategy.ZERO3, world_size=n)),
+        RunSpec(group, RunConfig(Strategy.ZERO3, world_size=world_size)),
+    )
+
+
+@dataclass(frozen=True)
+class Hsdp:
+    hsdp: Measurement
+    full: Measurement  # full sharding over the same ranks
+    group: Measurement  # full sharding over one shard group's worth of ranks
+    placed: dict[
+        tuple[str, str | None, int | None], tuple[int, int]
+    ]  # (op, mesh dim, group size) -> count, bytes
+    full_placed: dict[tuple[str, str | None, int | None], tuple[int, int]]
+    follows: list[bool]  # per reduce-scatter: an all-reduce of its shard (bytes / shards) came next
+    shards: int
+
+    def bytes_of(self, op: str) -> int:
+        return sum(b for (o, _, _), (_, b) in self.placed.items() if o == op)
+
+
+def _placed(m: Measurement) -> dict[tuple[str, str | None, int | None], tuple[int, int]]:
+    result: dict[tuple[str, str | None, int | None], tuple[int, int]] = {}
+    for c in m.collectives():
+        count, total = result.get((c.op, c.mesh_dim, c.group_size), (0, 0))
+        result[(c.op, c.mesh_dim, c.group_size)] = (count + 1, total + c.bytes)
+    return result
+
+
+def analyse_hsdp(ms: Measurements) -> Hsdp:
+    hsdp = next(m for m in ms.values() if m.config.replicas > 1)
+    full = next(m for m in ms.values() if m.config.replicas == 1 and m.world_size == hsdp.world_size)
+    group = next(m for m in ms.values() if m.world_size < hsdp.world_size)
+    shards = hsdp.world_size // hsdp.config.replicas
+    collectives = hsdp.collectives()
+    follows = [
+        i + 1 < len(collectives)
+        and collectives[i + 1].op == "all_reduce"
+        and collectives[i + 1].bytes == c.bytes // shards
+        for i, c in enumerate(collectives)
+        if c.op == "reduce_scatter"
+    ]
+    return Hsdp(hsdp, full, group, _placed(hsdp), _placed(full), follows, shards)
+
+
+def _placed_text(placed: dict) -> str:
+    return "; ".join(
+        f"{op} x{count} on {dim} (groups of {size}), {total:,} B"
+        for (op, dim, size), (count, total) in placed.items()
+    )
+
+
+def check_hsdp(a: Hsdp) -> Verdict:
+    r, s = a.hsdp.config.replicas, a.shards
+    c = Conditions()
+    c.require(r > 1, f"HSDP's mesh: {r} replicas x {s} shards over {a.hsdp.world_size} ranks")
+    expected = {("all_gather", "shard", s), ("reduce_scatter", "shard", s), ("all_reduce", "replicate", r)}
+    c.require(
+        set(a.placed) == expected,
+        f"HSDP all-gathers and reduce-scatters within a shard group and all-reduces across replicas "
+        f"({_placed_text(a.placed)})",
+    )
+    c.require(
+        bool(a.follows) and all(a.follows),
+        f"each reduce-scatter is followed by an all-reduce of the shard it produced, 1/{s} of its bytes "
+        f"({sum(a.follows)} of {len(a.follows)})",
+    )
+    c.require(
+        {dim for _, dim, _ in a.full_placed} == {"dp"}
+        and not any(op == "all_reduce" for op, _, _ in a.full_placed),
+        f"full sharding over the same {a.full.world_size} ranks: no all-reduce, every collective over all of them",
+    )
+    hsdp_states, group_states, full_states = (m.model_states_bytes()[0] for m in (a.hsdp, a.group, a.full))
+    c.require(
+        hsdp_states == group_states and hsdp_states > full_states,
+        f"memory: each HSDP rank holds {hsdp_states:,} B of model states, 1/{s} as full sharding over {s} ranks "
+        f"does ({group_states:,} B), more than full sharding over {a.full.world_size} ({full_states:,} B)",
+    )
+    return c.verdict()
+
+
+def report_hsdp(a: Hsdp) -> Report:
+    r, s, n = a.hsdp.config.replicas, a.shards, a.hsdp.world_size
+    states = {
+        key: m.model_states_bytes()[0] for key, m in (("hsdp", a.hsdp), ("full", a.full), ("group", a.group))
+    }
+    reduced, gathered = a.bytes_of("all_reduce"), a.bytes_of("all_gather")
+    scattered = a.bytes_of("reduce_scatter")
+    # Bytes each rank sends per step, by the ring formulas (derived).
+    hsdp_wire = (s - 1) * (gathered + scattered) // s + 2 * (r - 1) * reduced // r
+    full_gathered = sum(b for (op, _, _), (_, b) in a.full_placed.items() if op == "all_gather")
+    full_scattered = sum(b for (op, _, _), (_, b) in a.full_placed.items() if op == "reduce_scatter")
+    full_wire = (n - 1) * (full_gathered + full_scattered) // n
+    cross = 2 * (r - 1) * reduced // r
+    finding = (
+        f"HSDP on {n} ranks as {r} replicas x {s} shards ran two kinds of collective: within each shard group of "
+        f"{s}, all-gathers ({human_bytes(gathered)}) and reduce-scatters ({human_bytes(scattered)}) as FSDP does; "
+        f"across the {r} replicas, an all-reduce of each reduce-scattered gradient shard ({len(a.follows)} of them, "
+        f"{human_bytes(reduced)}, 1/{s} of the reduce-scatters' bytes). Each rank held {human_bytes(states['hsdp'])} "
+        f"of model states, 1/{s} of the model, the same as full sharding over {s} ranks "
+        f"({human_bytes(states['group'])}) and {states['hsdp'] / states['full']:.1f}x full sharding over all {n} "
+        f"({human_bytes(states['full'])}). In exchange only the all-reduce leaves a shard group: each rank sends "
+        f"{human_bytes(cross)} per step across replicas (across nodes, when a group is a node) and "
+        f"{human_bytes(hsdp_wire)} in all, against {human_bytes(full_wire)} for full sharding over {n}, all of it "
+        f"across every rank (derived from the measured bytes by the ring formulas)."
+    )
+    rows = tuple(
+        (key, op, dim, size, count, total)
+        for key, placed in (("hsdp", a.placed), ("full sharding", a.full_placed))
+        for (op, dim, size), (count, total) in placed.items()
+    ) + (
+        ("hsdp", "model states per rank", "", s, "", states["hsdp"]),
+        ("full sharding", "model states per rank", "", n, "", states["full"]),
+    )
+    return Report(
+        finding,
+        Table(
+            ("run", "collective", "mesh dimension", "group size", "count per step", "bytes per step"), rows
+        ),
+        {
+            "bytes_by_collective": charts.volume_by_op_chart(
+                f"Bytes per step by collective, HSDP {r}x{s} against full sharding over {n}",
+                {"hsdp": a.hsdp, "full sharding": a.full},
+                ["hsdp", "full sharding"],
+            ),
+            "model_states": charts.model_states_chart(
+                "Model states per rank (rank 0)",
+                {f"hsdp {r}x{s}": a.hsdp, f"full sharding N={n}": a.full, f"full sharding N={s}": a.group},
+                [f"hsdp {r}x{s}", f"full sharding N={n}", f"full sharding N={s}"],
+            ),
+        },
+    )
+
+
 COMM_BEYOND_LABS: tuple[Lab, ...] = (
     catalog_lab("ring-all-reduce", ring_runs, analyse_ring, check_ring, report_ring),
     catalog_lab("ddp-gradient-buckets", bucket_runs, analyse_buckets, check_buckets, report_buckets),
+    catalog_lab("hsdp-two-collectives", hsdp_runs, analyse_hsdp, check_hsdp, report_hsdp),
 )

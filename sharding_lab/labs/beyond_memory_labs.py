@@ -277,6 +277,393 @@ def report_mixed_precision(a: PrecisionCopies) -> Report:
     )
 
 
+# --- activation-checkpointing ------------------------------------------------------------------------------
+
+
+CHECKPOINTED = "zero3, mini, checkpointed"
+PLAIN = "zero3, mini"  # the same configuration as the persistence lab's (shared measurement)
+
+
+def checkpointing_runs(world_size: int) -> tuple[RunSpec, ...]:
+    plain = RunConfig(Strategy.ZERO3, world_size=world_size, size="mini")
+    return (
+        RunSpec(PLAIN, plain, size_fixed=True),
+        RunSpec(CHECKPOINTED, plain.replace(activation_checkpointing=True), size_fixed=True),
+    )
+
+
+def forward_runs(m: Measurement, block: int) -> int:
+    """How many times block `block`'s forward started in the step (the timeline's forward starts)."""
+    name = f"blocks.{block}"
+    return sum(1 for e in m.timeline() if e.kind == "start" and e.phase == "forward" and e.module == name)
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    plain: Measurement
+    checkpointed: Measurement
+    saved: dict[str, int]  # run key -> activation bytes saved for backward when forward returns (rank 0)
+    activation_peak: dict[str, int]  # run key -> most activation bytes alive at once
+    peak: dict[str, int]  # run key -> the step's peak
+    forward_runs: dict[str, list[int]]  # run key -> per block: forward starts in the step
+    block_input: int  # one block's input: batch x tokens x width x 4 B
+    same_collectives: bool  # the checkpointed run issued the same collectives, same bytes
+    step_time: dict[str, float]
+
+
+def analyse_checkpointing(ms: Measurements) -> Checkpointing:
+    runs = {PLAIN: ms[PLAIN], CHECKPOINTED: ms[CHECKPOINTED]}
+    plain = runs[PLAIN]
+    config = plain.config
+    return Checkpointing(
+        plain=plain,
+        checkpointed=runs[CHECKPOINTED],
+        saved={k: m.ranks[0].activations_after_forward_bytes for k, m in runs.items()},
+        activation_peak={k: m.ranks[0].category_peaks.get("activations", 0) for k, m in runs.items()},
+        peak={k: m.ranks[0].peak_bytes for k, m in runs.items()},
+        forward_runs={k: [forward_runs(m, i) for i in range(m.n_blocks)] for k, m in runs.items()},
+        block_input=config.batch_size_per_rank * config.seq_len * config.model["n_embd"] * 4,
+        same_collectives=[(c.op, c.bytes) for c in plain.collectives()]
+        == [(c.op, c.bytes) for c in runs[CHECKPOINTED].collectives()],
+        step_time={k: m.step_time_s for k, m in runs.items()},
+    )
+
+
+def check_checkpointing(a: Checkpointing) -> Verdict:
+    c = Conditions()
+    c.require(
+        a.checkpointed.config.activation_checkpointing and not a.plain.config.activation_checkpointing,
+        "one run checkpoints every block, the other none",
+    )
+    c.require(
+        all(n == 1 for n in a.forward_runs[PLAIN]) and all(n == 2 for n in a.forward_runs[CHECKPOINTED]),
+        f"each block's forward ran once without checkpointing ({a.forward_runs[PLAIN]}) and twice with it "
+        f"({a.forward_runs[CHECKPOINTED]}): backward recomputed it",
+    )
+    saved_plain, saved_checkpointed = a.saved[PLAIN], a.saved[CHECKPOINTED]
+    blocks = a.plain.n_blocks
+    c.require(
+        0 < saved_checkpointed < saved_plain and saved_plain - saved_checkpointed > blocks * a.block_input,
+        f"saved for backward when forward returns: {saved_checkpointed:,} B checkpointed against {saved_plain:,} B "
+        f"(each of the {blocks} blocks kept its {a.block_input:,} B input instead of every intermediate)",
+    )
+    c.require(
+        a.activation_peak[CHECKPOINTED] < a.activation_peak[PLAIN] and a.peak[CHECKPOINTED] < a.peak[PLAIN],
+        f"the activation peak fell from {a.activation_peak[PLAIN]:,} to {a.activation_peak[CHECKPOINTED]:,} B and "
+        f"the step's peak from {a.peak[PLAIN]:,} to {a.peak[CHECKPOINTED]:,} B",
+    )
+    c.require(
+        a.same_collectives and a.checkpointed.model_states_bytes() == a.plain.model_states_bytes(),
+        "the same collectives and model states: the recompute uses the all-gather backward issues anyway",
+    )
+    return c.verdict()
+
+
+def report_checkpointing(a: Checkpointing) -> Report:
+    saved_plain, saved_checkpointed = a.saved[PLAIN], a.saved[CHECKPOINTED]
+    finding = (
+        f"On the mini model under FSDP (batch 2 x 64 tokens per rank, fp32), checkpointing every block cut what "
+        f"forward saves for backward from {human_bytes(saved_plain)} to {human_bytes(saved_checkpointed)} "
+        f"({saved_checkpointed / saved_plain:.2f}x: each of the {a.plain.n_blocks} blocks keeps only its "
+        f"{human_bytes(a.block_input)} input; the rest is the embeddings', final norm's and logits' activations) "
+        f"and the step's peak from {human_bytes(a.peak[PLAIN])} to {human_bytes(a.peak[CHECKPOINTED])}. The price "
+        f"is compute: every block's forward ran twice per step (once in forward, once recomputed in backward), "
+        f"about a third more block compute when backward costs twice forward (derived: CPU step times, in the "
+        f"table, are too noisy to show it). Communication and model states did not change: the recompute reuses the all-gather backward issues anyway."
+    )
+    rows = tuple(
+        (
+            key,
+            a.saved[key],
+            a.activation_peak[key],
+            a.peak[key],
+            sum(a.forward_runs[key]),
+            len(m.collectives()),
+            round(a.step_time[key], 4),
+        )
+        for key, m in ((PLAIN, a.plain), (CHECKPOINTED, a.checkpointed))
+    )
+    chart = stacked_bar_chart(
+        "Activations saved for backward, and the step's peak (rank 0)",
+        [Bar(f"{key}: saved", {"activations": a.saved[key]}) for key in (PLAIN, CHECKPOINTED)]
+        + [Bar(f"{key}: peak", {"peak": a.peak[key]}) for key in (PLAIN, CHECKPOINTED)],
+        ["activations", "peak"],
+        colours={
+            "activations": charts.MEMORY_COLOURS["activations"],
+            "peak": charts.MEMORY_COLOURS["temporaries"],
+        },
+    )
+    return Report(
+        finding,
+        Table(
+            (
+                "run",
+                "activations saved when forward returns (bytes)",
+                "activation bytes at most",
+                "peak bytes",
+                "block forwards per step",
+                "collectives per step",
+                "step time s (noisy on CPU)",
+            ),
+            rows,
+        ),
+        {
+            "memory": chart,
+            "timeline": charts.timeline_chart(
+                "Checkpointed FSDP step: each block's forward twice", a.checkpointed
+            ),
+        },
+    )
+
+
+# --- cpu-offload-traffic ---------------------------------------------------------------------------------
+
+
+OFFLOADED = "zero3, mini, cpu offload"
+
+
+def offload_runs(world_size: int) -> tuple[RunSpec, ...]:
+    plain = RunConfig(Strategy.ZERO3, world_size=world_size, size="mini")
+    return (
+        RunSpec(PLAIN, plain, size_fixed=True),
+        RunSpec(OFFLOADED, plain.replace(cpu_offload=True), size_fixed=True),
+    )
+
+
+@dataclass(frozen=True)
+class Offload:
+    plain: Measurement
+    offloaded: Measurement
+    same_collectives: bool
+    gathers: int  # all-gathers per step
+    scatters: int
+    host_to_device: int  # derived: each all-gather's input, the rank's parameter shard, copied up
+    device_to_host: int  # derived: each reduce-scatter's output, the rank's gradient shard, copied down
+    grad_shard: int  # measured: the rank's gradient shard between steps (rank 0)
+    model_states: int  # measured: rank 0's model states, which offload keeps on the host
+
+
+def analyse_offload(ms: Measurements) -> Offload:
+    plain, offloaded = ms[PLAIN], ms[OFFLOADED]
+    n = offloaded.world_size
+    gathers, scatters = offloaded.collectives(op="all_gather"), offloaded.collectives(op="reduce_scatter")
+    return Offload(
+        plain=plain,
+        offloaded=offloaded,
+        same_collectives=[(c.op, c.bytes) for c in plain.collectives()]
+        == [(c.op, c.bytes) for c in offloaded.collectives()],
+        gathers=len(gathers),
+        scatters=len(scatters),
+        host_to_device=sum(c.bytes // n for c in gathers),
+        device_to_host=sum(c.bytes // n for c in scatters),
+        grad_shard=offloaded.padded_part_bytes("grads")[0],
+        model_states=offloaded.model_states_bytes()[0],
+    )
+
+
+def check_offload(a: Offload) -> Verdict:
+    c = Conditions()
+    c.require(
+        a.offloaded.config.cpu_offload and not a.plain.config.cpu_offload,
+        "one run offloads with FSDP2's CPUOffloadPolicy, the other does not",
+    )
+    c.require(
+        a.same_collectives,
+        f"offload leaves the collectives alone: the same {a.gathers} all-gathers and {a.scatters} reduce-scatters, "
+        f"byte for byte",
+    )
+    c.require(
+        a.offloaded.model_states_bytes() == a.plain.model_states_bytes(),
+        f"the same model states per rank ({a.model_states:,} B), now in host memory",
+    )
+    c.require(
+        a.device_to_host == a.grad_shard,
+        f"device to host per step: the reduce-scatters' outputs, {a.device_to_host:,} B, are the rank's gradient "
+        f"shard ({a.grad_shard:,} B measured)",
+    )
+    param_shard = a.offloaded.padded_part_bytes("params")[0]
+    c.require(
+        param_shard < a.host_to_device < 2 * param_shard,
+        f"host to device per step: every all-gather's input, {a.host_to_device:,} B, between one and two copies of "
+        f"the {param_shard:,} B parameter shard (forward gathers every unit, backward all but the root)",
+    )
+    return c.verdict()
+
+
+def report_offload(a: Offload) -> Report:
+    n = a.offloaded.world_size
+    param_shard = a.offloaded.padded_part_bytes("params")[0]
+    finding = (
+        f"FSDP2's CPU offload (CPUOffloadPolicy) on the mini model at N={n} kept each rank's "
+        f"{human_bytes(a.model_states)} of model states (fp32 parameter shard, gradient shard, Adam state) in host "
+        f"memory and ran Adam there, and changed no collective: the same {a.gathers} all-gathers and {a.scatters} "
+        f"reduce-scatters, byte for byte. What it adds is copies: before every all-gather the rank's parameter "
+        f"shard goes host to device, {human_bytes(a.host_to_device)} per step "
+        f"({a.host_to_device / param_shard:.2f}x the {human_bytes(param_shard)} shard: forward gathers every unit, "
+        f"backward all but the root), and every reduce-scatter's output goes device to host, "
+        f"{human_bytes(a.device_to_host)} per step (the gradient shard). Those bytes are derived from the measured "
+        f"collectives' inputs and outputs: on CPU ranks the device is the host, so neither the copies nor the device "
+        f"memory saved (the whole {human_bytes(a.model_states)} of model states per rank, on a GPU) show in this "
+        f"measurement; on a GPU they cross PCIe every step."
+    )
+    rows = (
+        ("host to device (parameter shards before all-gathers)", a.gathers, a.host_to_device, "derived"),
+        ("device to host (gradient shards after reduce-scatters)", a.scatters, a.device_to_host, "derived"),
+        ("model states kept on the host", "", a.model_states, "measured"),
+    )
+    chart = stacked_bar_chart(
+        f"Host and device traffic per step with CPU offload (rank 0, N={n}, derived)",
+        [
+            Bar("host to device", {"all_gather": a.host_to_device}),
+            Bar("device to host", {"reduce_scatter": a.device_to_host}),
+        ],
+        ["all_gather", "reduce_scatter"],
+        colours=charts.OP_COLOURS,
+    )
+    return Report(
+        finding,
+        Table(("copy", "collectives", "bytes per step", "how known"), rows),
+        {
+            "traffic": chart,
+            "model_states": charts.model_states_chart(
+                f"Model states per rank (rank 0, N={n})",
+                {PLAIN: a.plain, OFFLOADED: a.offloaded},
+                [PLAIN, OFFLOADED],
+            ),
+        },
+    )
+
+
+# --- grad-accumulation-no-sync -------------------------------------------------------------------------------
+
+
+ACCUM_STEPS = 4
+ACCUMULATED = f"zero3, {ACCUM_STEPS} micro-batches"
+
+
+@dataclass(frozen=True)
+class Accumulation:
+    one: Measurement  # one micro-batch per step
+    accumulated: Measurement  # ACCUM_STEPS micro-batches, gradients synced on the last only
+    gathers: dict[str, int]  # run key -> all-gathers per optimizer step
+    scatters: dict[str, int]
+    scattered_bytes: dict[str, int]
+    grad_peak: dict[str, int]  # run key -> most gradient bytes alive at once (rank 0)
+    full_grads: int  # 4Ψ: the unsharded gradients
+    micro_batches: int
+
+
+def analyse_accumulation(ms: Measurements) -> Accumulation:
+    runs = {"zero3": ms["zero3"], ACCUMULATED: ms[ACCUMULATED]}
+    return Accumulation(
+        one=runs["zero3"],
+        accumulated=runs[ACCUMULATED],
+        gathers={k: len(m.collectives(op="all_gather")) for k, m in runs.items()},
+        scatters={k: len(m.collectives(op="reduce_scatter")) for k, m in runs.items()},
+        scattered_bytes={
+            k: sum(c.bytes for c in m.collectives(op="reduce_scatter")) for k, m in runs.items()
+        },
+        grad_peak={k: m.ranks[0].category_peaks.get("grads", 0) for k, m in runs.items()},
+        full_grads=runs["zero3"].full_bytes("grads"),
+        micro_batches=runs[ACCUMULATED].config.grad_accum_steps,
+    )
+
+
+def check_accumulation(a: Accumulation) -> Verdict:
+    k = a.micro_batches
+    c = Conditions()
+    c.require(k > 1, f"the accumulating run takes {k} micro-batches per optimizer step")
+    c.require(
+        a.scatters[ACCUMULATED] == a.scatters["zero3"]
+        and a.scattered_bytes[ACCUMULATED] == a.scattered_bytes["zero3"],
+        f"one reduce-scatter per unit per optimizer step, not per micro-batch ({a.scatters[ACCUMULATED]} "
+        f"reduce-scatters of {a.scattered_bytes[ACCUMULATED]:,} B; one micro-batch: {a.scatters['zero3']}; syncing "
+        f"every micro-batch would issue {k * a.scatters['zero3']})",
+    )
+    c.require(
+        a.gathers[ACCUMULATED] == k * a.gathers["zero3"],
+        f"all-gathers still run for every micro-batch ({a.gathers[ACCUMULATED]} = {k} x {a.gathers['zero3']})",
+    )
+    c.require(
+        a.grad_peak[ACCUMULATED] >= a.full_grads > a.grad_peak["zero3"],
+        f"between micro-batches every rank holds unsharded gradients: {a.grad_peak[ACCUMULATED]:,} B at most, "
+        f"at least the full 4Ψ = {a.full_grads:,} B, against {a.grad_peak['zero3']:,} B when each backward "
+        f"reduce-scatters",
+    )
+    c.require(
+        a.accumulated.model_states_bytes() == a.one.model_states_bytes(),
+        "after the optimizer step the gradients are sharded again: the same model states",
+    )
+    return c.verdict()
+
+
+def report_accumulation(a: Accumulation) -> Report:
+    k, n = a.micro_batches, a.one.world_size
+    finding = (
+        f"Accumulating {k} micro-batches under FSDP at N={n} with gradient sync off until the last "
+        f"(set_requires_gradient_sync(False), FSDP2's no_sync) issued {a.scatters[ACCUMULATED]} reduce-scatters "
+        f"({human_bytes(a.scattered_bytes[ACCUMULATED])}) per optimizer step, as many as one micro-batch does, where "
+        f"syncing every micro-batch would issue {k * a.scatters['zero3']} ({human_bytes(k * a.scattered_bytes['zero3'])}); "
+        f"the all-gathers still ran for every micro-batch ({a.gathers[ACCUMULATED]} against {a.gathers['zero3']}). The "
+        f"cost is memory: to accumulate into, every unit kept its unsharded gradient, so the gradients peaked at "
+        f"{human_bytes(a.grad_peak[ACCUMULATED])} (the full 4Ψ = {human_bytes(a.full_grads)} and more) against "
+        f"{human_bytes(a.grad_peak['zero3'])} when each backward reduce-scatters and frees them. Syncing every "
+        f"micro-batch instead keeps only 1/N gradient shards and pays {k}x the reduce-scatter traffic."
+    )
+    rows = tuple(
+        (
+            key,
+            m.config.grad_accum_steps,
+            a.gathers[key],
+            a.scatters[key],
+            a.scattered_bytes[key],
+            a.grad_peak[key],
+        )
+        for key, m in (("zero3", a.one), (ACCUMULATED, a.accumulated))
+    ) + (
+        (
+            "zero3, sync every micro-batch (derived)",
+            k,
+            k * a.gathers["zero3"],
+            k * a.scatters["zero3"],
+            k * a.scattered_bytes["zero3"],
+            a.grad_peak["zero3"],
+        ),
+    )
+    chart = stacked_bar_chart(
+        f"Gradient memory at most and reduce-scatter bytes per optimizer step (rank 0, N={n})",
+        [
+            Bar("one micro-batch: gradients", {"grads": a.grad_peak["zero3"]}),
+            Bar(f"{k} micro-batches, no sync: gradients", {"grads": a.grad_peak[ACCUMULATED]}),
+            Bar(
+                f"{k} micro-batches, no sync: reduce-scatters",
+                {"reduce_scatter": a.scattered_bytes[ACCUMULATED]},
+            ),
+            Bar(
+                f"{k} micro-batches, synced each (derived)",
+                {"reduce_scatter": k * a.scattered_bytes["zero3"]},
+            ),
+        ],
+        ["grads", "reduce_scatter"],
+        colours={**charts.MEMORY_COLOURS, **charts.OP_COLOURS},
+    )
+    return Report(
+        finding,
+        Table(
+            (
+                "run",
+                "micro-batches per step",
+                "all-gathers per step",
+                "reduce-scatters per step",
+                "reduce-scatter bytes per step",
+                "gradient bytes at most (rank 0)",
+            ),
+            rows,
+        ),
+        {"memory_and_traffic": chart},
+    )
+
+
 MEMORY_BEYOND_LABS: tuple[Lab, ...] = (
     catalog_lab(
         "activation-memory-per-rank",
@@ -291,5 +678,22 @@ MEMORY_BEYOND_LABS: tuple[Lab, ...] = (
         analyse_mixed_precision,
         check_mixed_precision,
         report_mixed_precision,
+    ),
+    catalog_lab(
+        "activation-checkpointing",
+        checkpointing_runs,
+        analyse_checkpointing,
+        check_checkpointing,
+        report_checkpointing,
+    ),
+    catalog_lab("cpu-offload-traffic", offload_runs, analyse_offload, check_offload, report_offload),
+    catalog_lab(
+        "grad-accumulation-no-sync",
+        runs_at(
+            ("zero3", Strategy.ZERO3, {}), (ACCUMULATED, Strategy.ZERO3, {"grad_accum_steps": ACCUM_STEPS})
+        ),
+        analyse_accumulation,
+        check_accumulation,
+        report_accumulation,
     ),
 )
