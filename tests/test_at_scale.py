@@ -67,3 +67,17 @@ def test_simulated_figures_are_labelled_simulated_only_where_stored():
         line = at_scale_line(lab)
         if "(simulated)" in line:
             assert stored, "a line says simulated but no simulated figures are stored"
+
+
+@pytest.mark.slow
+def test_the_stored_simulated_figures_cover_every_lab_configuration_and_are_current():
+    from sharding_lab.engine.at_scale import run_config_for, simulated_requests
+    from sharding_lab.engine.simulate import simulate
+
+    requests = simulated_requests(LABS.values())
+    assert set(simulated_figures()) == set(requests), "rerun `sharding-lab at-scale --write`"
+    # One stored figure simulated again, byte for byte.
+    key = next(k for k in requests if k.startswith("7b zero3 mesh=64 ") and "mp=1" in k)
+    simulation = simulate(run_config_for(requests[key]))
+    assert simulation.peak_bytes == simulated_figures()[key]["peak_bytes"]
+    assert simulation.model_states["total"] == simulated_figures()[key]["model_states_bytes"]

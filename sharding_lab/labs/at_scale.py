@@ -6,8 +6,8 @@ what the same strategies and options cost per GPU for a real model: the peak mem
 an 80 GB GPU with the planner's headroom, and the bytes each GPU sends per optimizer step. Peaks come
 from the FSDP2 simulation where it was run (`sharding-lab at-scale --write` stores them in
 `at_scale_simulated.json` beside this module) and are labelled "simulated"; the rest (DDP and ZeRO-1,
-which the simulation does not build, and communication) come from the analytic planner and are
-labelled "analytic". Torch-free: the web app and the Anki export call this.
+which the simulation does not build; CPU offload, whose host memory the CPU-run simulation cannot tell
+from the device's; and communication) come from the analytic planner and are labelled "analytic". Torch-free: the web app and the Anki export call this.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@
     sharding-lab run LAB [--world-size N] [--json]
     sharding-lab run --all [--world-size N] [--json] [--export exports/lab-results.json]
     sharding-lab serve-labs [--idle-timeout S]     (one JSON request per stdin line: the app's lab worker)
+    sharding-lab at-scale [LAB] [--write] [--json] (each lab's configurations at 7b x 64 and 70b x 1024 GPUs)
 
 `run` exits 1 when a claim does not hold (or the engine fails), so CI can run every lab. `--json`
 prints exactly one JSON object: a run, or {"runs": [...], "rank_s", "wall_s"} for --all (rank_s: the
@@ -69,6 +70,37 @@ def register(subparsers) -> None:
                               help="seconds a pool of ranks stays up without a lab (default 300)")
     serve_parser.add_argument("--timeout", type=float, default=600.0, help="seconds before a hung run is ended")
     serve_parser.set_defaults(func=run_serve_labs)
+
+    scale_parser = subparsers.add_parser(
+        "at-scale",
+        help="each lab's configurations at 7b on 64 GPUs and 70b on 1024 (peak per GPU, fit, bytes sent)",
+        description="Print every lab's at-scale line. --write first simulates each FSDP configuration "
+        "(FSDP2 under FakeTensorMode, a few seconds each) and stores the peaks the lines read.",
+    )
+    scale_parser.add_argument("lab", nargs="?", help="one lab id (default: every lab)")
+    scale_parser.add_argument("--write", action="store_true",
+                              help="simulate every lab's FSDP configurations and store the figures first")
+    scale_parser.add_argument("--json", action="store_true", help="print one JSON object {lab id: line}")
+    scale_parser.set_defaults(func=run_at_scale)
+
+
+def run_at_scale(args: argparse.Namespace) -> int:
+    from sharding_lab.labs.at_scale import at_scale_line, simulated_figures
+
+    labs = [get_lab(args.lab)] if args.lab else list(LABS.values())
+    if args.write:
+        from sharding_lab.engine.at_scale import write_simulated_figures
+
+        document = write_simulated_figures(LABS.values(), lambda text: print(f"simulating {text}", file=sys.stderr))
+        simulated_figures.cache_clear()
+        print(f"wrote {len(document['figures'])} simulated configurations in {document['seconds']} s", file=sys.stderr)
+    lines = {lab.id: at_scale_line(lab) for lab in labs}
+    if args.json:
+        print(json.dumps(lines))
+    else:
+        for lab_id, line in lines.items():
+            print(f"{lab_id}: {line}\n")
+    return 0
 
 
 def run_list(args: argparse.Namespace) -> int:
