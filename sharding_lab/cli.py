@@ -148,12 +148,11 @@ def _print_json(obj: dict) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
 
 
-def _simulate_plan(request) -> dict:
+def _simulate_plan(request):
     """`plan --simulate`: the engine's FSDP2 simulation of a plan request (the engine imported only now)."""
     from sharding_lab.engine.simulate import simulate
 
-    return simulate(request.model.name, request.mesh.world_size, batch=request.micro_batch, seq=request.seq,
-                    prefetch=request.prefetch, mixed_precision=request.mixed_precision)
+    return simulate(plan_command.run_config_for(request))
 
 
 def register_plan(subparsers) -> None:

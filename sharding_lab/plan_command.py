@@ -14,8 +14,10 @@ import argparse
 import json
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from sharding_lab.deepspeed_formula import DeepSpeedEstimate, deepspeed_estimate, largest_layer_params
+from sharding_lab.model_config import SIZES
 from sharding_lab.planner import (
     GB,
     Category,
@@ -30,11 +32,13 @@ from sharding_lab.planner import (
     plan_json,
 )
 from sharding_lab.planner_comm import WIRE_DERIVATION
+from sharding_lab.run_config import RunConfig
 from sharding_lab.strategies import NAMES, STRATEGIES, Strategy
 from sharding_lab.units import human_bytes
 
-# What the simulation is handed and gives back: engine.simulate.simulate's result dict for the request.
-Simulator = Callable[[PlanRequest], dict]
+# What answers --simulate: the request in, engine.simulate's `Simulation` out (read by attribute:
+# peak_breakdown, num_params, wall_s, method).
+Simulator = Callable[[PlanRequest], Any]
 
 SIMULATION_HOLDS = "PyTorch FSDP2 itself (fully_shard per block, then root) on FakeTensors on CPU, FSDPMemTracker"
 SIMULATION_LEAVES_OUT = (
@@ -56,28 +60,32 @@ _SIMULATED_CATEGORIES: dict[Category, tuple[str, ...]] = {
 
 def simulation_unavailable(request: PlanRequest) -> str | None:
     """Why the engine's simulation cannot answer this request, or None when it can."""
-    reasons = []
-    if request.strategy is not Strategy.ZERO3:
-        reasons.append(f"strategy {request.strategy} (zero3 only)")
-    if request.model.name is None:
-        reasons.append("a shape given by hand (named sizes only)")
+    if not request.strategy.fully_sharded:
+        return f"simulation not available for {request.strategy} (it simulates FSDP2: zero2, zero3)"
     if request.model.tied:
-        reasons.append("tied embeddings (our GPT is untied)")
-    for on, option in (
-        (request.mesh.replicas > 1, "HSDP"),
-        (request.activation_checkpointing, "activation checkpointing"),
-        (request.cpu_offload, "CPU offload"),
-        (request.grad_accum_steps > 1, "gradient accumulation"),
-    ):
-        if on:
-            reasons.append(option)
-    return "simulation not available for " + ", ".join(reasons) if reasons else None
+        return "simulation not available for tied embeddings (our GPT is untied)"
+    return None
 
 
-def plan_from_simulation(request: PlanRequest, result: dict) -> Plan:
+def run_config_for(request: PlanRequest) -> RunConfig:
+    """The engine configuration the simulation runs for a request: the named size, or any shape as
+    overrides of every GPTConfig field."""
+    config = request.model.to_config()
+    named = request.model.name is not None and SIZES.get(request.model.name) == config
+    return RunConfig.of(
+        request.strategy, world_size=request.mesh.world_size, replicas=request.mesh.replicas,
+        size=request.model.name if named else "tiny",
+        model_overrides={} if named else config.to_dict(),
+        batch_size=request.micro_batch, seq_len=request.seq, grad_accum_steps=request.grad_accum_steps,
+        prefetch=request.prefetch, mixed_precision=request.mixed_precision,
+        activation_checkpointing=request.activation_checkpointing, cpu_offload=request.cpu_offload,
+    )
+
+
+def plan_from_simulation(request: PlanRequest, result: Any) -> Plan:
     """The simulation's peak breakdown as a Plan (communication is the analytic count: the fake process
     group moves nothing, so there is nothing else to report)."""
-    breakdown = result["peak_breakdown"]
+    breakdown = result.peak_breakdown
     categories = tuple(
         (c, Figure(sum(breakdown.get(key, 0) for key in keys), SIMULATION_HOLDS))
         for c, keys in _SIMULATED_CATEGORIES.items()
@@ -87,13 +95,13 @@ def plan_from_simulation(request: PlanRequest, result: dict) -> Plan:
     return Plan(
         request=request,
         method=Method.SIMULATION,
-        num_params=result["num_params"],
+        num_params=result.num_params,
         peak=peak,
         largest_micro_batch=None,
         communication=plan_analytic(request).communication,
         holds=SIMULATION_HOLDS,
         leaves_out=SIMULATION_LEAVES_OUT,
-        notes=(f"simulated in {result['wall_s']:.1f} s",),
+        notes=(f"simulated in {result.wall_s:.1f} s: {result.method}",),
     )
 
 

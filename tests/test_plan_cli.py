@@ -1,0 +1,96 @@
+"""`sharding-lab plan`: tables, --json, the simulation column, and plain errors for bad input."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from sharding_lab import plan_command
+from sharding_lab.cli import main
+
+
+def run(argv, capsys):
+    code = main(["plan", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_all_strategies_side_by_side(capsys):
+    code, out, _ = run(["--size", "7b", "--gpus", "64", "--micro-batch", "1", "--seq", "2048",
+                        "--strategy", "all", "--mixed-precision"], capsys)
+    assert code == 0
+    for text in ("ddp", "zero1", "zero2", "zero3", "Side by side", "DeepSpeed", "wire (derived)", "leaves out"):
+        assert text in out
+
+
+def test_json_carries_every_category_and_the_deepspeed_figure(capsys):
+    code, out, _ = run(["--size", "1b", "--gpus", "8", "--micro-batch", "4", "--seq", "512",
+                        "--mixed-precision", "--json"], capsys)
+    assert code == 0
+    zero3 = json.loads(out)["strategies"]["zero3"]
+    categories = zero3["analytic"]["peak"]["categories"]
+    assert set(categories) == {"parameters", "gradients", "optimizer_state", "activations", "temporaries",
+                               "all_gather_buffers", "reduce_scatter_buffers"}
+    assert zero3["analytic"]["peak"]["total_bytes"] == sum(c["bytes"] for c in categories.values())
+    assert zero3["deepspeed"]["gpu_bytes"] == 3_151_260_672  # 2.93 GiB, as DeepSpeed prints
+    assert zero3["analytic"]["fits"] is True and zero3["analytic"]["largest_micro_batch"] > 4
+    assert "derived" in json.loads(out)["wire_bytes_derived_from"]
+
+
+def test_a_shape_by_hand_and_an_hsdp_mesh(capsys):
+    code, out, _ = run(["--layers", "2", "--width", "64", "--heads", "4", "--vocab", "512", "--seq", "64",
+                        "--mesh", "2x4", "--strategy", "zero2", "--grad-accum", "2", "--json"], capsys)
+    assert code == 0
+    comm = json.loads(out)["strategies"]["zero2"]["analytic"]["communication"]
+    assert {(c["op"], c["mesh_dim"], c["ranks"]) for c in comm} == {
+        ("all_gather", "shard", 4), ("reduce_scatter", "shard", 4), ("all_reduce", "replicate", 2)}
+
+
+def test_simulation_column_from_the_simulator_it_is_given(capsys):
+    parser = argparse.ArgumentParser()
+    breakdown = {"params": 100, "unsharded_params": 20, "optimizer": 200, "activations": 50, "inputs": 6,
+                 "temporaries": 30, "total": 406}
+    fake = SimpleNamespace(peak_breakdown=breakdown, num_params=1, wall_s=0.5, method="fake")
+    plan_command.register(parser.add_subparsers(), simulate=lambda request: fake)
+    args = parser.parse_args(["plan", "--size", "mini", "--gpus", "2", "--simulate", "--strategy", "all", "--json"])
+    assert args.func(args) == 0
+    strategies = json.loads(capsys.readouterr().out)["strategies"]
+    assert strategies["zero3"]["simulation"]["peak"]["total_bytes"] == 406
+    assert strategies["zero3"]["simulation"]["peak"]["categories"]["parameters"]["bytes"] == 120
+    assert strategies["ddp"]["simulation"] == {"unavailable": "simulation not available for ddp (it simulates FSDP2: zero2, zero3)"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--layers", "2", "--width", "10", "--heads", "3", "--vocab", "32", "--seq", "8", "--gpus", "2"], "divide"),
+        (["--size", "13b", "--gpus", "8"], "unknown model size"),
+        (["--size", "mini", "--mesh", "2by2"], "not a mesh"),
+        (["--size", "mini", "--gpus", "8", "--strategy", "zero1", "--cpu-offload"], "CPU offload"),
+        (["--size", "mini", "--mesh", "2x4", "--strategy", "ddp"], "HSDP"),
+        (["--size", "mini", "--gpus", "2", "--seq", "65"], "exceeds"),
+        (["--width", "8", "--gpus", "2"], "missing"),
+    ],
+)
+def test_bad_input_is_a_message_not_a_traceback(argv, message, capsys):
+    code, out, err = run(argv, capsys)
+    assert code == 2 and message in err and "Traceback" not in err and out == ""
+
+
+def test_argument_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "--size", "mini"])  # neither --gpus nor --mesh
+    assert exit_info.value.code == 2
+    assert "--gpus" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_simulate_runs_the_engine(capsys):
+    code, out, _ = run(["--size", "mini", "--gpus", "2", "--micro-batch", "2", "--seq", "64", "--simulate", "--json"],
+                       capsys)
+    assert code == 0
+    zero3 = json.loads(out)["strategies"]["zero3"]
+    assert zero3["simulation"]["peak"]["total_bytes"] == zero3["analytic"]["peak"]["total_bytes"]
