@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from sharding_lab.deepspeed_formula import deepspeed_estimate, estimate_zero2_model_states_mem_needs, largest_layer_params
+from sharding_lab.deepspeed_formula import (
+    deepspeed_estimate,
+    estimate_zero2_model_states_mem_needs,
+    largest_layer_params,
+)
 from sharding_lab.model_config import SIZES, GPTConfig
 from sharding_lab.planner import (
     Category,
