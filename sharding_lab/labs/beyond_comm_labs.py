@@ -372,9 +372,9 @@ def _placed(m: Measurement) -> dict[tuple[str, str | None, int | None], tuple[in
 
 
 def analyse_hsdp(ms: Measurements) -> Hsdp:
-    hsdp = next(m for m in ms.values() if m.config.replicas > 1)
-    full = next(m for m in ms.values() if m.config.replicas == 1 and m.world_size == hsdp.world_size)
-    group = next(m for m in ms.values() if m.world_size < hsdp.world_size)
+    # By key: the lab's N is in them. HSDP's key comes first, then full sharding over the same ranks.
+    hsdp_key, full_key, group_key = (key for key in ms if key.startswith(("hsdp,", "zero3, N=")))
+    hsdp, full, group = ms[hsdp_key], ms[full_key], ms[group_key]
     shards = hsdp.world_size // hsdp.config.replicas
     collectives = hsdp.collectives()
     follows = [

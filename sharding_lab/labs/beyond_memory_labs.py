@@ -333,7 +333,7 @@ def check_checkpointing(a: Checkpointing) -> Verdict:
     c = Conditions()
     c.require(
         a.checkpointed.config.activation_checkpointing and not a.plain.config.activation_checkpointing,
-        "one run checkpoints every block, the other none",
+        f"one run checkpoints all {a.checkpointed.n_blocks} blocks, the other none",
     )
     c.require(
         all(n == 1 for n in a.forward_runs[PLAIN]) and all(n == 2 for n in a.forward_runs[CHECKPOINTED]),
@@ -354,7 +354,8 @@ def check_checkpointing(a: Checkpointing) -> Verdict:
     )
     c.require(
         a.same_collectives and a.checkpointed.model_states_bytes() == a.plain.model_states_bytes(),
-        "the same collectives and model states: the recompute uses the all-gather backward issues anyway",
+        f"the same {len(a.plain.collectives())} collectives and {a.plain.model_states_bytes()[0]:,} B of model states "
+        "(rank 0): the recompute uses the all-gather backward issues anyway",
     )
     return c.verdict()
 
@@ -465,7 +466,8 @@ def check_offload(a: Offload) -> Verdict:
     c = Conditions()
     c.require(
         a.offloaded.config.cpu_offload and not a.plain.config.cpu_offload,
-        "one run offloads with FSDP2's CPUOffloadPolicy, the other does not",
+        f"one run offloads its {a.model_states:,} B of model states per rank with FSDP2's CPUOffloadPolicy, the "
+        "other does not",
     )
     c.require(
         a.same_collectives,
@@ -592,7 +594,8 @@ def check_accumulation(a: Accumulation) -> Verdict:
     )
     c.require(
         a.accumulated.model_states_bytes() == a.one.model_states_bytes(),
-        "after the optimizer step the gradients are sharded again: the same model states",
+        f"after the optimizer step the gradients are sharded again: the same model states "
+        f"({a.accumulated.model_states_bytes()[0]:,} B on rank 0)",
     )
     return c.verdict()
 
