@@ -21,6 +21,7 @@ from studyapp.lab_runs.process import Outcome
 from studyapp.models import LabRun, RunStatus
 
 ACTIVE = (RunStatus.queued, RunStatus.running)
+PLAN_SIMULATION = "plan:simulate"  # the job kind of a plan simulation (studyapp.lab_runs.plan_runs)
 _table = LabRun.__table__
 
 
@@ -123,6 +124,8 @@ def latest_done(session: Session, lab_id: str | None = None) -> dict[str, LabRun
     done = LabRun.status == RunStatus.done
     if lab_id is not None:
         done &= LabRun.lab_id == lab_id
+    else:  # labs only: a plan simulation (studyapp.lab_runs.plan_runs) is not a lab's finding
+        done &= LabRun.lab_id != PLAN_SIMULATION
     last = select(LabRun.lab_id, func.max(LabRun.finished_at).label("at")).where(done).group_by(LabRun.lab_id).subquery()
     query = select(LabRun).join(last, (LabRun.lab_id == last.c.lab_id) & (LabRun.finished_at == last.c.at)).where(done)
     return {run.lab_id: run for run in session.exec(query.order_by(LabRun.id)).all()}

@@ -13,8 +13,9 @@ or a stop kills every process of it.
 
 Settings: LAB_TIMEOUT_S (seconds a run may take), LAB_WORLD_SIZES (the world sizes a run may ask
 for), LAB_COMMAND (argv prefix of a lab CLI run once per lab; tests point it at a fake), LAB_POOL_IDLE_S
-(seconds the lab server keeps idle ranks up), LAB_WORKER_AUTOSTART (start the worker on the first
-queued run; default on, off under TESTING, where tests start it).
+(seconds the lab server keeps idle ranks up), PLAN_SIMULATION_COMMAND (argv prefix of the `sharding-lab`
+CLI a plan simulation runs, see studyapp.lab_runs.plan_runs; tests point it at a fake), LAB_WORKER_AUTOSTART
+(start the worker on the first queued run; default on, off under TESTING, where tests start it).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session
 
 from studyapp.db import get_engine
+from studyapp.lab_runs import plan_runs
 from studyapp.lab_runs.process import Outcome, default_command, kill_group, lab_outcome
 from studyapp.lab_runs.queue import ACTIVE, claim_next, fail_interrupted, finish, next_queued
 from studyapp.lab_runs.server import LabServer, server_argv
@@ -45,6 +47,7 @@ DEFAULTS: dict[str, Any] = {
     "LAB_COMMAND": None,  # None: the lab server's warm ranks; an argv prefix: one process per run
     "LAB_POOL_IDLE_S": 300.0,  # idle ranks hold a torch each in memory; a lab after that starts them again
     "LAB_WORKER_AUTOSTART": None,  # None: on, except under TESTING
+    "PLAN_SIMULATION_COMMAND": None,  # None: this interpreter's `-m sharding_lab.cli`
 }
 LOCK_FILE = "lab-runner.lock"
 POLL_S = 2.0  # how often an idle worker looks for runs queued by another process
@@ -172,6 +175,9 @@ class LabWorker:
 
     def _run(self, run: LabRun) -> Outcome:
         timeout_s = float(self.app.config["LAB_TIMEOUT_S"])
+        if run.lab_id == plan_runs.PLAN_SIMULATION:  # a job kind of its own: one process per simulation
+            command = self.app.config["PLAN_SIMULATION_COMMAND"] or plan_runs.default_command()
+            return plan_runs.simulation_outcome(command, run, timeout_s, self._started)
         if self.app.config["LAB_COMMAND"] is not None:
             return lab_outcome(lab_command(self.app), run, timeout_s, self._started)
         if self.lab_server is None:

@@ -10,6 +10,8 @@
     /labs, /labs/<lab_id>       labs.index, labs.lab_page   claim, questions, Run this lab, results, past runs
     /labs/<lab_id>/runs  POST   labs.start_run    202 {"run_id"} (JSON) or back to the lab page (form)
     /labs/runs/<run_id>         labs.run_status   {"status", "result"}: the lab's JSON, or {"error"}
+    /plan?<inputs>              plan.index        will it fit? the analytic answer per strategy, the simulated one
+                                                  from the lab worker (see studyapp.views.plan)
     /stats                      stats.index       card states, intervals, ease, retention, calendar, time, forecast, mastery by topic
     /stats/tags/<tag>           stats.tag         a topic's cards and its lab
     /exports/<name>.apkg        exports.download  built Anki decks, by exact name only
@@ -23,9 +25,9 @@ from __future__ import annotations
 from flask import Flask, jsonify, render_template, request
 from werkzeug.exceptions import HTTPException
 
-from studyapp.views import decks, exports, home, labs, stats, study
+from studyapp.views import decks, exports, home, labs, plan, stats, study
 
-BLUEPRINTS = (home.bp, study.bp, decks.bp, labs.bp, stats.bp, exports.bp)
+BLUEPRINTS = (home.bp, study.bp, decks.bp, labs.bp, plan.bp, stats.bp, exports.bp)
 
 
 def _wants_json() -> bool:
