@@ -1,0 +1,116 @@
+"""Will it fit? in a real Chromium: fill the form, see the verdict and the chart, share the URL, fix a bad
+field, and simulate without a reload (the worker runs a fake `sharding-lab plan`: the real one is
+tests/test_app_plan.py's slow test)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from playwright.sync_api import Page, expect
+from test_app_plan import FAKE_CLI
+from test_browser_a11y import audit
+
+from studyapp.lab_runs import start_worker
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+@pytest.fixture
+def app_config(app_config: dict, tmp_path: Path) -> dict:
+    script = tmp_path / "fake_plan_cli.py"
+    script.write_text(FAKE_CLI, encoding="utf-8")
+    return {**app_config, "PLAN_SIMULATION_COMMAND": [sys.executable, str(script)]}
+
+
+@pytest.fixture
+def worker(app):
+    lab_worker = start_worker(app)  # what `studyapp serve` does
+    yield lab_worker
+    lab_worker.stop()
+
+
+def test_fill_the_form_and_see_the_verdict_and_the_chart(page: Page, live_server: str):
+    page.goto(live_server + "/")
+    page.get_by_role("link", name="Will it fit?").click()
+    expect(page.get_by_role("heading", name="Will it fit?", level=1)).to_be_visible()
+    page.get_by_label("Model", exact=True).select_option("gpt2-small")
+    page.get_by_label("GPUs", exact=True).fill("8")
+    page.get_by_label("GPU memory (GB)").fill("4")
+    page.get_by_label("Micro-batch").fill("4")
+    page.get_by_label("bf16 mixed precision").check()
+    page.get_by_label("Your strategy").select_option("zero2")
+    page.get_by_role("button", name="Will it fit?").click()
+
+    query = {k: v[0] for k, v in parse_qs(urlsplit(page.url).query).items()}
+    assert query["size"] == "gpt2-small" and query["gpus"] == "8" and query["mixed_precision"] == "on"
+    assert query["gpu_memory_gb"] == "4" and query["strategy"] == "zero2"
+    expect(page.locator("#verdict")).to_contain_text(re.compile(r"zero2: (fits|does NOT fit)\."))
+    chart = page.locator("figure.plan-chart svg")
+    expect(chart).to_be_visible()
+    expect(chart.locator("text", has_text="GPU memory 4 GB")).to_have_count(0)  # the line is labelled on the axis
+    expect(chart.locator("line.gpu-line")).to_have_count(2)  # GPU memory and usable
+    expect(page.locator("#memory-table thead th")).to_have_text(["Category", "ddp", "zero1", "zero2 (yours)", "zero3"])
+    expect(page.locator("#comm-table")).to_contain_text("derived")
+    assert audit(page) == []
+
+
+def test_a_changed_url_brings_its_inputs_back(page: Page, live_server: str):
+    page.goto(live_server + "/plan?size=custom&layers=6&width=512&heads=8&vocab=32000&seq_len=1024&gpus=16&mesh=4x4"
+              "&gpu_memory_gb=141&headroom=15&micro_batch=3&seq=256&strategy=zero3&grad_accum=4&cpu_offload=on")
+    expect(page.get_by_label("Model", exact=True)).to_have_value("custom")
+    expect(page.get_by_label("Width")).to_have_value("512")
+    expect(page.get_by_label("HSDP mesh (replicas x shards)")).to_have_value("4x4")
+    expect(page.get_by_label("GPU memory (GB)")).to_have_value("141")
+    expect(page.get_by_label("Gradient-accumulation steps")).to_have_value("4")
+    expect(page.get_by_label("CPU offload (FSDP2's CPUOffloadPolicy)")).to_be_checked()
+    expect(page.get_by_label("bf16 mixed precision")).not_to_be_checked()
+    expect(page.locator("#plan-summary")).to_contain_text("4 replicas x 4 shards")
+
+    page.goto(live_server + "/plan?size=1b&gpus=8&gpu_memory_gb=24&mixed_precision=on")  # the URL edited by hand
+    expect(page.get_by_label("Model", exact=True)).to_have_value("1b")
+    expect(page.get_by_label("Layers")).to_have_value("20")
+    expect(page.get_by_label("GPU memory (GB)")).to_have_value("24")
+    expect(page.get_by_label("bf16 mixed precision")).to_be_checked()
+    expect(page.get_by_label("CPU offload (FSDP2's CPUOffloadPolicy)")).not_to_be_checked()
+    page.go_back()
+    expect(page.get_by_label("GPU memory (GB)")).to_have_value("141")
+
+
+def test_a_bad_field_is_named_on_the_page_and_can_be_fixed(page: Page, live_server: str):
+    page.goto(live_server + "/plan?size=gpt2-small&gpus=8&strategy=ddp")
+    page.get_by_label("CPU offload (FSDP2's CPUOffloadPolicy)").check()
+    page.get_by_label("GPUs", exact=True).fill("-8")
+    with page.expect_response(re.compile(r"/plan\?")) as response:
+        page.get_by_role("button", name="Will it fit?").click()
+    assert response.value.status == 400
+    errors = page.get_by_role("alert")
+    expect(errors).to_contain_text("GPUs must be a whole number from 1 to 16,384, got '-8'")
+    expect(errors).to_contain_text("CPU offload is FSDP2's (zero2, zero3): ddp does not shard parameters")
+    expect(page.get_by_label("GPUs", exact=True)).to_have_attribute("aria-invalid", "true")
+    expect(page.locator("#memory-table")).to_have_count(0)
+    assert audit(page) == []
+
+    page.get_by_label("GPUs", exact=True).fill("8")
+    page.get_by_label("Your strategy").select_option("zero3")
+    page.get_by_role("button", name="Will it fit?").click()
+    expect(page.get_by_role("alert")).to_have_count(0)
+    expect(page.locator("#verdict")).to_contain_text("zero3:")
+
+
+def test_simulate_shows_the_simulated_column_without_a_reload(page: Page, live_server: str, worker):
+    page.goto(live_server + "/plan?size=gpt2-small&gpus=8&micro_batch=2&seq=512&strategy=zero3")
+    expect(page.locator("#simulated-table")).to_have_count(0)
+    page.evaluate("window.sameDocument = true")  # gone if anything reloads the page
+    page.get_by_role("button", name="Simulate (exact, FSDP2)").click()
+    expect(page.locator("#simulated-table")).to_be_visible(timeout=60_000)
+    assert page.evaluate("window.sameDocument") is True
+    expect(page.locator("#simulation-status")).to_contain_text(re.compile(r"Simulation #1 done in"))
+    expect(page.locator("#simulated-zero3-total")).to_contain_text("1.02 kB")
+    expect(page.locator("figure.plan-chart svg text", has_text="zero3 sim")).to_have_count(1)
+    expect(page.get_by_role("button", name="Simulate again (exact, FSDP2)")).to_be_enabled()
+    page.reload()  # the stored result stays
+    expect(page.locator("#simulated-zero3-total")).to_contain_text("1.02 kB")
