@@ -22,9 +22,13 @@ from sharding_lab.analytic import (
     communication_bytes_per_step,
     model_states_bytes_per_rank,
 )
+from sharding_lab.model_config import config_for
 from sharding_lab.strategies import MODEL_STATE_PARTS, STRATEGIES
 
 GB = 10**9  # the ZeRO paper's GB: 7.5B params x 16 B = 120 GB
+# --simulate's sequence unless --seq says otherwise (or the model's block_size, when shorter): short
+# enough that a 70B model at 1024 ranks simulates in seconds; activations grow with it.
+DEFAULT_SIMULATED_SEQ = 128
 
 # Table 1 of the paper: model sizes and data-parallel degrees, K = 12 mixed precision.
 TABLE1_PARAMS: tuple[int, ...] = (7_500_000_000, 128_000_000_000, 1_000_000_000_000)
@@ -192,44 +196,47 @@ def _render_table1(rows: list[dict], console) -> None:
     console.print(table)
 
 
-def _render_simulation(result: dict, console) -> None:
+def _render_simulation(result, console) -> None:
     from rich.table import Table
 
+    config = result.config
     table = Table(
-        title=f"Simulated FSDP2 (zero3) step, rank 0 of {result['world_size']}: {result['size']} "
-        f"({_params_label(result['num_params'])} params), batch {result['batch']} x seq {result['seq']}"
+        title=f"Simulated FSDP2 ({config.strategy}) step, rank 0 of {config.world_size}: {config.size} "
+        f"({_params_label(result.num_params)} params), batch {config.batch_size} x seq {result.seq_len}"
     )
     table.add_column("per rank")
     table.add_column("simulated", justify="right")
     table.add_column("predicted (analytic, FSDP padding)", justify="right")
-    predicted = result["predicted"]
-    for key in ("params", "grads", "optimizer", "activations", "peak"):
-        table.add_row(
-            key,
-            format_bytes(result["per_rank"][key]),
-            format_bytes(predicted[key]) if key in predicted else "-",
-        )
-    table.add_row("model states total", format_bytes(result["per_rank"]["model_states"]), format_bytes(predicted["total"]))
+    predicted, states = result.predicted_model_states, result.model_states
+    for key in ("params", "grads", "optimizer"):
+        table.add_row(key, format_bytes(states[key]), format_bytes(predicted[key]))
+    table.add_row("activations", format_bytes(result.activations_after_forward), "-")
+    table.add_row("peak", format_bytes(result.peak_bytes), "-")
+    table.add_row("model states total", format_bytes(states["total"]), format_bytes(predicted["total"]))
     console.print(table)
-    match = "yes" if result["model_states_match_prediction"] else "NO"
+    match = "yes" if result.model_states_match_prediction else "NO"
     console.print(
-        f"model states match the prediction exactly: {match}. Wall time {result['wall_s']:.1f} s, "
-        f"peak host RSS {format_bytes(result['peak_rss_bytes'])}. Method: {result['method']}."
+        f"model states match the prediction exactly: {match}. Wall time {result.wall_s:.1f} s, "
+        f"peak host RSS {format_bytes(result.peak_rss_bytes)}. Method: {result.method}."
     )
 
 
-def _simulate_with_progress(args: argparse.Namespace) -> dict:
-    """Run the simulation behind a spinner on stderr (a terminal only); bad sizes exit with a message."""
+def _simulate_with_progress(args: argparse.Namespace):
+    """Run the simulation (zero3) behind a spinner on stderr (a terminal only); bad sizes exit with a message."""
     from rich.console import Console
 
     from sharding_lab.engine.simulate import simulate
+    from sharding_lab.run_config import RunConfig
 
     status_console = Console(stderr=True)
     try:
+        seq = args.seq or min(DEFAULT_SIMULATED_SEQ, config_for(args.size).block_size)
+        config = RunConfig.of(
+            "zero3", world_size=args.world_size, size=args.size, batch_size=args.batch, seq_len=seq,
+            mixed_precision=args.mixed_precision,
+        )
         with status_console.status(f"Simulating {args.size} at {args.world_size} ranks on fake tensors..."):
-            return simulate(
-                args.size, args.world_size, batch=args.batch, seq=args.seq, mixed_precision=args.mixed_precision
-            )
+            return simulate(config)
     except ValueError as error:  # unknown size, or a sequence longer than the model's block_size
         raise SystemExit(f"sharding-lab estimate: {error}") from None
 
@@ -251,7 +258,7 @@ def run_estimate(args: argparse.Namespace) -> int:
     simulation = None
     if args.simulate:
         simulation = _simulate_with_progress(args)
-        num_params = simulation["num_params"]
+        num_params = simulation.num_params
     elif args.params is None:
         raise SystemExit("sharding-lab estimate: --params is required (or use --simulate --size NAME, or --table1)")
     else:
@@ -259,7 +266,7 @@ def run_estimate(args: argparse.Namespace) -> int:
 
     report = analytic_report(num_params, args.world_size, mixed_precision=args.mixed_precision)
     if simulation is not None:
-        report["simulate"] = simulation
+        report["simulate"] = simulation.to_json()
     if args.json:
         _print_json(report)
         return 0

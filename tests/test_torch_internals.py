@@ -44,3 +44,17 @@ def test_the_category_peak_tracker_keeps_each_categorys_maximum():
         torch.empty(16)
     peaks = tracker.__dict__["category_peaks"][torch.device("cpu")]
     assert max(peaks.values()) >= 4 * 1024 * 1024
+
+
+def test_the_observing_tracker_hands_each_ops_bytes_and_context_to_observe():
+    from types import SimpleNamespace
+
+    cls = internals.observing_each_op(internals.fsdp_mem_tracker_class())
+    tracker = object.__new__(cls)  # FSDPMemTracker's __init__ wants an FSDP module; the hook does not
+    snapshot = {torch.device("cpu"): {"Total": 64}}
+    tracker._curr_mem_snap, tracker._in_opt = snapshot, True
+    tracker._mod_tracker = SimpleNamespace(parents={"Global", "GPT.blocks.3"}, is_bw=False)
+    seen = []
+    tracker.observe = lambda *args: seen.append(args)
+    tracker._update_peak_stats(None)
+    assert seen == [(snapshot, {"Global", "GPT.blocks.3"}, False, True)]

@@ -222,6 +222,28 @@ def global_peak_only(tracker_class: type) -> type:
     return GlobalPeakOnly
 
 
+def observing_each_op(tracker_class: type) -> type:
+    """A subclass of FSDPMemTracker that, in place of its own peak bookkeeping, calls
+    `tracker.observe(snapshot, open_modules, backward, in_optimizer)` after every op it tracks: the
+    current {device: {category: bytes}}, the names of the modules the module tracker has open, whether
+    autograd's backward is running and whether `optimizer.step()` is. The simulation keeps its own
+    peaks (and, to extrapolate, every event) from these; the tracker's own peak figures stay unset."""
+    feature = "the simulation's view of each op"
+    _attribute(tracker_class, "_update_peak_stats", feature)
+
+    class ObservingEachOp(tracker_class):
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            modules = _attribute(self, "_mod_tracker", feature)
+            self.observe(
+                _attribute(self, "_curr_mem_snap", feature),
+                modules.parents,
+                modules.is_bw,
+                _attribute(self, "_in_opt", feature),
+            )
+
+    return ObservingEachOp
+
+
 # --- the simulation --------------------------------------------------------------------------------------------
 
 
@@ -247,6 +269,7 @@ ACCESSORS: dict[str, Callable[[], Any]] = {
     "MemTracker with category peaks": lambda: with_category_peaks(mem_tracker_class()),
     "FSDPMemTracker with category peaks": lambda: with_category_peaks(fsdp_mem_tracker_class()),
     "FSDPMemTracker global peak": lambda: global_peak_only(fsdp_mem_tracker_class()),
+    "FSDPMemTracker observing each op": lambda: observing_each_op(fsdp_mem_tracker_class()),
     "ModTracker's register_multi_grad_hook": mod_tracker_multi_grad_hook,
     "FakeTensorMode": lambda: fake_tensor_mode(),
     "FakeStore": fake_store,

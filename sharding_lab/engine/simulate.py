@@ -1,44 +1,58 @@
-"""Simulate one FSDP2 (zero3) training step at any scale, on one CPU process, without allocating it.
+"""Simulate the step `measure` runs, for any configuration and any scale, on one CPU process, without
+allocating it.
 
-torchtitan's former estimation method: the real model and the real `fully_shard` calls, but every
-tensor a FakeTensor (shapes and dtypes, no storage) and every collective answered by the `fake`
-process group, with FSDPMemTracker counting the bytes each category would occupy on rank 0. So a
-70B-shaped model at 1024 ranks runs in seconds on a 2-core CPU machine, in about 350 MB of RAM.
+`simulate(config)` takes the `RunConfig` that `sharding_lab.engine.measure.measure` takes (zero2 or
+zero3, any world size, HSDP's replicas, mixed precision, activation checkpointing, CPU offload,
+gradient accumulation) and runs what measure runs: the same model, the same `parallelize`, the same
+training step, but every tensor a FakeTensor (shapes and dtypes, no storage) and every collective
+answered by torch's `fake` process group, with FSDPMemTracker counting the bytes each category
+would occupy on rank 0. It returns a `Simulation`.
 
-Three deviations from torchtitan's estimation.py, all for speed at large world sizes:
-- The device mesh is built outside FakeTensorMode (inside it, mesh setup crawls).
-- `parallelize` (the same function the measured runs use: fully_shard per block, then the root)
-  shards the model while it is still on the meta device, outside FakeTensorMode: FSDP2 splits every
-  parameter into N chunks, and 1024 FakeTensor chunks per parameter take ~50 s for a 70B model where
-  meta chunks take ~2 s. `to_empty` then materializes the sharded parameters as FakeTensors.
-- The tracker keeps only the global peak (`_torch_internals.global_peak_only`).
+Fast by default. The blocks are identical, so a model of L blocks is simulated with 3 and with 4 and
+its step worked out from those two, exactly (sharding_lab.engine.simulate_extrapolate proves it and
+checks the structure it rests on; a test holds it byte-equal to simulating every block). When the
+runs lack that structure the simulation simulates every block instead and its `method` says so.
+
+Speed, against torchtitan's former estimation method (which this follows otherwise):
+- the device mesh is built outside FakeTensorMode (inside it, mesh setup crawls);
+- `parallelize` shards the model while it is still on the meta device, outside FakeTensorMode: FSDP2
+  splits every parameter into N chunks, and 1024 FakeTensor chunks per parameter take ~50 s for a
+  70B model where meta chunks take ~2 s. `to_empty` then materializes the shards as FakeTensors;
+- the warm-up step runs without the tracker (measure's does too), and one is enough: after it FSDP is
+  initialized and Adam's state exists, as after any number;
+- the tracker keeps no per-module statistics: after every op it hands this module the bytes by
+  category (`_torch_internals.observing_each_op`).
 """
 
 from __future__ import annotations
 
+import math
+import re
 import resource
 import time
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
 from sharding_lab.analytic import fsdp_padded_numel, model_states_bytes_per_rank
 from sharding_lab.engine import _torch_internals as internals
+from sharding_lab.engine import simulate_extrapolate as extrapolation
+from sharding_lab.engine.measure import _batch, _gradient_sync
 from sharding_lab.engine.model import GPT, config_for
-from sharding_lab.engine.parallelize import parallelize
-from sharding_lab.run_config import ParallelOptions
+from sharding_lab.engine.parallelize import data_parallel_mesh, parallelize
+from sharding_lab.model_config import GPTConfig, parameter_shapes
+from sharding_lab.run_config import RunConfig
 from sharding_lab.strategies import Strategy
 
-SIMULATED_STRATEGY = Strategy.ZERO3
 SIMULATED_RANK = 0  # rank 0 holds the largest shard of every parameter (torch.chunk puts the remainder last)
 # torch.optim.Adam keeps a float32 scalar `step` tensor per parameter beside exp_avg and exp_avg_sq;
 # the paper's 8 bytes per parameter do not count it.
 ADAM_STEP_COUNTER_BYTES = 4
-# Short enough that a 70B model at 1024 ranks simulates in seconds; activations grow with it.
-DEFAULT_SEQ = 128
+FULL, EXTRAPOLATED = "full", "extrapolated"
 
-# The tracker's categories, under the names the rest of sharding_lab uses.
+# The tracker's categories, under the names the rest of sharding_lab uses, in the order of a Vector
+# (sharding_lab.engine.simulate_extrapolate); the total comes last.
 _REF = internals.fsdp_ref_types()
 CATEGORY_NAMES: dict = {
     _REF.SHARDED_PARAM: "params",
@@ -53,17 +67,155 @@ CATEGORY_NAMES: dict = {
     _REF.BUFFER: "module_buffers",
     _REF.INP: "inputs",
 }
-# FSDPMemTracker keeping only the global peak: its per-module peaks walk every tracked module on every
-# dispatched op, a third of the run time for 80 blocks, for figures the simulation never reads.
-_GlobalPeakMemTracker = internals.global_peak_only(internals.fsdp_mem_tracker_class())
+_TOTAL_KEY = "Total"
+_REF_ORDER = tuple(CATEGORY_NAMES)
+_ObservingTracker = internals.observing_each_op(internals.fsdp_mem_tracker_class())
+_BLOCK_NAME = re.compile(r"(?:^|\.)blocks\.(\d+)$")
 
 
-def _by_category(snapshot: dict) -> dict[str, int]:
-    """One device's tracker snapshot with our category names (the simulation has one device)."""
-    (device_snapshot,) = snapshot.values()
-    named = {name: device_snapshot.get(ref_type, 0) for ref_type, name in CATEGORY_NAMES.items()}
-    named["total"] = device_snapshot["Total"]
+@dataclass(frozen=True)
+class Simulation:
+    """Rank 0's bytes over the step `measure` would measure for `config`."""
+
+    config: RunConfig
+    num_params: int
+    padded_num_params: int  # with FSDP2's padding of each parameter's dim 0 to a multiple of the shards
+    peak_bytes: int
+    peak_breakdown: dict[str, int]  # the peak moment by category: these add up to peak_bytes
+    category_peaks: dict[str, int]  # each category's own maximum over the step (not at one moment)
+    after_forward: dict[str, int]  # by category, after the (last micro-batch's) forward
+    after_step: dict[str, int]  # by category, after optimizer.step(): every model state at once
+    predicted_model_states: dict[str, int]  # analytic, FSDP padding and Adam's step counters included
+    wall_s: float
+    peak_rss_bytes: int  # this process's high-water mark, torch included
+    method: str  # how: every block simulated, or extrapolated (and from what)
+    extrapolated: bool = False
+    notes: tuple[str, ...] = field(default=())  # why extrapolation was not used, when it was not
+
+    @property
+    def model_states(self) -> dict[str, int]:
+        """Sharded parameters, gradients and optimizer state (Adam's step counters included) after the step."""
+        parts = {name: self.after_step[name] for name in ("params", "grads", "optimizer")}
+        return {**parts, "total": sum(parts.values())}
+
+    @property
+    def activations_after_forward(self) -> int:
+        return self.after_forward["activations"]
+
+    @property
+    def model_states_match_prediction(self) -> bool:
+        return all(self.model_states[k] == self.predicted_model_states[k] for k in ("params", "grads", "optimizer"))
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["config"] = {
+            "strategy": str(self.config.strategy),
+            "world_size": self.config.world_size,
+            "size": self.config.size,
+            "model_overrides": dict(self.config.model_overrides),
+            "batch_size": self.config.batch_size,
+            "seq_len": self.seq_len,
+            **self.config.changed_options(),
+        }
+        data["notes"] = list(self.notes)
+        data["model_states"] = self.model_states
+        data["activations_after_forward"] = self.activations_after_forward
+        data["model_states_match_prediction"] = self.model_states_match_prediction
+        return data
+
+    @property
+    def seq_len(self) -> int:
+        return self.config.seq_len or _model_config(self.config).block_size
+
+
+def simulate(config: RunConfig, *, method: str = EXTRAPOLATED) -> Simulation:
+    """Simulate rank 0 of `config` (zero2 or zero3). `method`: EXTRAPOLATED (from 3 and 4 blocks,
+    exact; every block when the model has 4 or fewer, or when the structure is missing) or FULL.
+
+    Needs a process without a default process group (it starts and ends a fake one).
+    """
+    if not config.strategy.fully_sharded:
+        raise ValueError(f"the simulation runs FSDP2 (zero2, zero3); {config.strategy} is not one")
+    if method not in (FULL, EXTRAPOLATED):
+        raise ValueError(f"method must be {FULL!r} or {EXTRAPOLATED!r}, got {method!r}")
+    model_config = _model_config(config)
+    seq_len = config.seq_len or model_config.block_size
+    if seq_len > model_config.block_size:
+        raise ValueError(f"seq {seq_len} exceeds {config.size}'s block_size {model_config.block_size}")
+    if dist.is_initialized():
+        raise RuntimeError("simulate starts its own fake process group; this process already has one")
+
+    started = time.perf_counter()
+    smallest = extrapolation.SMALLEST
+    notes: list[str] = []
+    # The fake backend answers every collective at once (fetching its store registers it).
+    dist.init_process_group("fake", rank=SIMULATED_RANK, world_size=config.world_size, store=internals.fake_store())
+    try:
+        mesh = data_parallel_mesh("cpu", config.world_size, config.options.replicas)
+        memory = None
+        if method == EXTRAPOLATED and model_config.n_layer > smallest + 1:
+            short = [_step_timeline(config, model_config, mesh, n) for n in (smallest, smallest + 1)]
+            try:
+                memory = extrapolation.extrapolate(short[0], short[1], model_config.n_layer)
+                how = (
+                    f"simulated with {smallest} and {smallest + 1} blocks, extrapolated exactly to "
+                    f"{model_config.n_layer} (the blocks are identical)"
+                )
+            except extrapolation.NotExtrapolable as error:
+                notes.append(f"not extrapolated: {error}")
+        elif method == EXTRAPOLATED:
+            notes.append(f"{model_config.n_layer} blocks: simulating each is as fast as extrapolating")
+        if memory is None:
+            memory = _full_step(config, model_config, mesh)
+            how = f"every one of the {model_config.n_layer} blocks simulated"
+    finally:
+        dist.destroy_process_group()
+    wall_s = time.perf_counter() - started
+
+    shapes = [shape for _, shape in parameter_shapes(model_config)]
+    num_params = sum(math.prod(s) for s in shapes)
+    padded_num_params = fsdp_padded_numel(shapes, config.shards)
+    # FSDP2 keeps fp32 sharded parameters, gradients and Adam state even with bf16 compute, and between
+    # steps all three are sharded under zero2 as under zero3 (zero2 only keeps blocks gathered from
+    # forward to backward): after the step, both hold ZeRO-3's model states.
+    predicted = model_states_bytes_per_rank(
+        num_params, config.shards, Strategy.ZERO3, padded_num_params=padded_num_params
+    )
+    predicted["optimizer_step_counters"] = ADAM_STEP_COUNTER_BYTES * len(shapes)
+    predicted["optimizer"] += predicted["optimizer_step_counters"]
+    predicted["total"] += predicted["optimizer_step_counters"]
+    return Simulation(
+        config=config,
+        num_params=num_params,
+        padded_num_params=padded_num_params,
+        peak_bytes=memory.peak[-1],
+        peak_breakdown=_named(memory.peak),
+        category_peaks=_named(memory.category_peaks),
+        after_forward=_named(memory.marks["after_forward"]),
+        after_step=_named(memory.marks["after_step"]),
+        predicted_model_states=predicted,
+        wall_s=wall_s,
+        peak_rss_bytes=_peak_rss_bytes(),
+        method=f"FSDP2 under FakeTensorMode on the fake process group, FSDPMemTracker; {how}",
+        extrapolated=memory is not None and how.startswith("simulated with"),
+        notes=tuple(notes),
+    )
+
+
+def _model_config(config: RunConfig) -> GPTConfig:
+    return config_for(config.size, **dict(config.model_overrides))
+
+
+def _named(vector: extrapolation.Vector) -> dict[str, int]:
+    named = {name: vector[i] for i, name in enumerate(CATEGORY_NAMES.values())}
+    named["total"] = vector[-1]
     return named
+
+
+def _vector(snapshot: dict) -> extrapolation.Vector:
+    """One device's tracker snapshot as a Vector (the simulation has one device)."""
+    (device_snapshot,) = snapshot.values()
+    return (*(device_snapshot.get(ref, 0) for ref in _REF_ORDER), device_snapshot[_TOTAL_KEY])
 
 
 def _peak_rss_bytes() -> int:
@@ -71,108 +223,79 @@ def _peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def simulate(
-    size: str,
-    world_size: int,
-    *,
-    batch: int = 1,
-    seq: int | None = None,
-    prefetch: bool = True,
-    mixed_precision: bool = False,
-    steps: int = 2,
-) -> dict:
-    """Simulate `steps` zero3 training steps of the named GPT over `world_size` fake ranks.
+# --- one simulated run: build as measure does, a warm-up step, then the tracked step ----------------------
 
-    `seq` defaults to DEFAULT_SEQ, or the model's block_size if that is shorter.
 
-    Returns rank 0's bytes: `per_rank` (model states after the last optimizer step, activations at
-    the end of the last forward, the peak and its breakdown) beside `predicted`, the analytic zero3
-    model states with FSDP2's padding (its optimizer part plus Adam's 4-byte step counters), plus
-    wall time and the process's peak host RSS.
-    The first step creates Adam's state, so only the later steps' peak includes it (hence 2 steps).
-    Needs a process without a default process group (it starts and ends a fake one).
-    """
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    config = config_for(size)
-    seq = min(DEFAULT_SEQ, config.block_size) if seq is None else seq
-    if seq > config.block_size:
-        raise ValueError(f"seq {seq} exceeds {size}'s block_size {config.block_size}")
-    if dist.is_initialized():
-        raise RuntimeError("simulate starts its own fake process group; this process already has one")
+def _full_step(config: RunConfig, model_config: GPTConfig, mesh) -> extrapolation.StepMemory:
+    keeper = extrapolation.PeakKeeper()
+    marks = _run(config, model_config, mesh, lambda snapshot, *_: keeper.add(_vector(snapshot)))
+    return keeper.result(marks)
 
-    started = time.perf_counter()
-    # The fake backend answers every collective at once (fetching its store registers it).
-    dist.init_process_group("fake", rank=SIMULATED_RANK, world_size=world_size, store=internals.fake_store())
-    try:
-        mesh = init_device_mesh("cpu", (world_size,))
-        with torch.device("meta"):
-            model = GPT(config)
-        num_params = model.num_params()
-        num_param_tensors = len(list(model.parameters()))
-        padded_num_params = fsdp_padded_numel([tuple(p.shape) for p in model.parameters()], world_size)
-        model, make_optimizer = parallelize(
-            model, SIMULATED_STRATEGY, mesh, ParallelOptions(prefetch=prefetch, mixed_precision=mixed_precision)
+
+def _step_timeline(config: RunConfig, model_config: GPTConfig, mesh, n_blocks: int) -> extrapolation.Timeline:
+    events: list[extrapolation.Event] = []
+    block_of: dict[str, int | None] = {}
+
+    def record(snapshot, open_modules, backward, in_optimizer):
+        blocks = []
+        for name in open_modules:
+            if name not in block_of:
+                match = _BLOCK_NAME.search(name)
+                block_of[name] = int(match.group(1)) if match else None
+            if block_of[name] is not None:
+                blocks.append(block_of[name])
+        # Backward enters the next block before it leaves the last: the lowest open is the current one.
+        block = (min(blocks) if backward else max(blocks)) if blocks else None
+        events.append(extrapolation.Event(block, backward, in_optimizer, _vector(snapshot)))
+
+    shorter = GPTConfig(**{**model_config.to_dict(), "n_layer": n_blocks})
+    marks = _run(config, shorter, mesh, record)
+    optimizer_start = marks.pop("optimizer_start")
+    return extrapolation.cut(events, n_blocks, optimizer_start, marks)
+
+
+def _run(config: RunConfig, model_config: GPTConfig, mesh, observe) -> dict[str, extrapolation.Vector]:
+    """Build, warm up and run one tracked step as measure does; `observe` sees every op of that step.
+    Returns the bytes at the marked moments."""
+    with torch.device("meta"):
+        model = GPT(model_config)
+    model, make_optimizer = parallelize(model, config.strategy, mesh, config.options)
+    marks: dict[str, extrapolation.Vector] = {}
+    # allow_non_fake_inputs: `to_empty` reads the meta parameters once to make their fake twins.
+    with internals.fake_tensor_mode(allow_non_fake_inputs=True):
+        model.to_empty(device="cpu")  # no init_weights(): fake tensors have no values to set
+        optimizer = make_optimizer()
+        for step in range(min(config.warmup_steps, 1)):
+            _train_step(config, model_config, model, optimizer, step)
+        tracker = _ObservingTracker(mod=model, optm=optimizer)
+        tracker.observe = observe
+        handle = optimizer.register_step_pre_hook(
+            lambda *_: marks.__setitem__("optimizer_start", _vector(internals.tracker_current_snapshot(tracker)))
         )
-        # allow_non_fake_inputs: `to_empty` reads the meta parameters once to make their fake twins.
-        with internals.fake_tensor_mode(allow_non_fake_inputs=True):
-            model.to_empty(device="cpu")  # no init_weights(): fake tensors have no values to set
-            optimizer = make_optimizer()
-            idx = torch.randint(0, config.vocab_size, (batch, seq))
-            targets = torch.randint(0, config.vocab_size, (batch, seq))
-            tracker = _GlobalPeakMemTracker(mod=model, optm=optimizer)
-            tracker.track_inputs((idx, targets))
-            with tracker:
-                for step in range(steps):
-                    loss = model(idx, targets)
-                    after_forward = _by_category(tracker.get_tracker_snapshot("current"))
-                    loss.backward()
-                    optimizer.step()
-                    # Between optimizer step and zero_grad every model state exists at once.
-                    after_step = _by_category(tracker.get_tracker_snapshot("current"))
-                    optimizer.zero_grad()
-                    if step == 0 and steps > 1:
-                        tracker.reset_mod_stats()  # the first step has no Adam state during forward
-                peak = _by_category(tracker.get_tracker_snapshot("peak"))
-    finally:
-        dist.destroy_process_group()
-    wall_s = time.perf_counter() - started
+        with internals.multi_grad_hooks_removed_on_exit(), tracker:
+            _train_step(config, model_config, model, optimizer, config.warmup_steps, tracker, marks)
+            marks["after_step"] = _vector(internals.tracker_current_snapshot(tracker))
+        handle.remove()
+    if "optimizer_start" not in marks:
+        raise RuntimeError("the optimizer's step pre-hook did not run")
+    return marks
 
-    per_rank = {
-        "params": after_step["params"],
-        "grads": after_step["grads"],
-        "optimizer": after_step["optimizer"],
-        "model_states": after_step["params"] + after_step["grads"] + after_step["optimizer"],
-        "activations": after_forward["activations"],
-        "peak": peak["total"],
-    }
-    # FSDP2 keeps fp32 sharded parameters, gradients and Adam state even with bf16 compute.
-    predicted = model_states_bytes_per_rank(
-        num_params, world_size, SIMULATED_STRATEGY, padded_num_params=padded_num_params
-    )
-    predicted["optimizer_step_counters"] = ADAM_STEP_COUNTER_BYTES * num_param_tensors
-    predicted["optimizer"] += predicted["optimizer_step_counters"]
-    predicted["total"] += predicted["optimizer_step_counters"]
-    return {
-        "size": size,
-        "config": config.to_dict(),
-        "strategy": str(SIMULATED_STRATEGY),
-        "rank": SIMULATED_RANK,
-        "world_size": world_size,
-        "batch": batch,
-        "seq": seq,
-        "prefetch": prefetch,
-        "mixed_precision": mixed_precision,
-        "steps": steps,
-        "num_params": num_params,
-        "padded_num_params": padded_num_params,
-        "per_rank": per_rank,
-        "peak_breakdown": peak,
-        "after_forward": after_forward,
-        "predicted": predicted,
-        "model_states_match_prediction": all(per_rank[k] == predicted[k] for k in ("params", "grads", "optimizer")),
-        "wall_s": wall_s,
-        "peak_rss_bytes": _peak_rss_bytes(),
-        "method": "FSDP2 fully_shard (per block, then root) under FakeTensorMode, fake process group, "
-        "FSDPMemTracker",
-    }
+
+def _train_step(config, model_config, model, optimizer, step: int, tracker=None, marks=None) -> None:
+    """measure's training step (sharding_lab.engine.measure), on fake tensors: zero the gradients, then
+    each micro-batch's forward and backward (gradients synchronized on the last only), then Adam."""
+    optimizer.zero_grad(set_to_none=True)
+    micro_batches = config.grad_accum_steps
+    for micro in range(micro_batches):
+        last = micro == micro_batches - 1
+        idx, targets = _batch(model_config, config, SIMULATED_RANK, step, "cpu", micro)
+        if tracker is not None and micro > 0:
+            tracker.reset_mod_stats()  # as measure's MemoryTracker.next_micro_batch
+        with _gradient_sync(model, config, enabled=last):
+            loss = model(idx, targets)
+            if micro_batches > 1:
+                loss = loss / micro_batches
+            if tracker is not None and last:
+                marks["after_forward"] = _vector(internals.tracker_current_snapshot(tracker))
+            loss.backward()
+    optimizer.step()

@@ -11,9 +11,11 @@ the CUDA comparison and writes `exports/gpu-results.json`.
 from __future__ import annotations
 
 import json
+import pickle
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from sharding_lab.engine.measure import measure_many
 from sharding_lab.run_config import Placement, RunConfig
@@ -28,6 +30,15 @@ class Case:
     seq: int
     batch: int
     mixed_precision: bool
+    options: tuple[tuple[str, Any], ...] = ()  # more RunConfig.of keywords: strategy, activation_checkpointing, ...
+
+    def run_config(self, device: str, placement: Placement = Placement.RANK_VIEW) -> RunConfig:
+        options = dict(self.options)
+        return RunConfig.of(
+            options.pop("strategy", "zero3"), world_size=self.world_size, size=self.size, seq_len=self.seq,
+            batch_size=self.batch, mixed_precision=self.mixed_precision, device=device, placement=placement,
+            timed_steps=1, **options,
+        )
 
 
 # Three sizes, two world sizes, fp32 and bf16, two sequence lengths: six configurations for a GPU.
@@ -55,6 +66,12 @@ class Comparison:
     cuda_peak: int | None  # bytes, torch.cuda.max_memory_allocated of the rank view (CUDA only)
     simulated_model_states: int
     measured_model_states: int  # exact local tensors (without Adam's step counters)
+    measured_step_counters: int = 0  # Adam's step counters, read off the tensors (the simulation counts them)
+
+    @property
+    def tracked_error(self) -> float:
+        """The simulated peak against the tracker's over real tensors."""
+        return abs(self.simulated_peak - self.tracked_peak) / self.tracked_peak
 
     @property
     def cuda_error(self) -> float | None:
@@ -63,34 +80,34 @@ class Comparison:
         return abs(self.simulated_peak - self.cuda_peak) / self.cuda_peak
 
     def to_json(self) -> dict:
-        return {**asdict(self), "cuda_error": self.cuda_error}
+        return {**asdict(self), "cuda_error": self.cuda_error, "tracked_error": self.tracked_error}
 
 
-def simulate_in_a_fresh_process(case: Case) -> dict:
-    """The simulation needs a process without a process group: one of its own."""
+def simulate_in_a_fresh_process(config: RunConfig) -> dict:
+    """The simulation needs a process without a process group: one of its own. Its `to_json()`."""
     code = (
-        "import json; from sharding_lab.engine.simulate import simulate; "
-        f"print(json.dumps(simulate({case.size!r}, {case.world_size}, batch={case.batch}, seq={case.seq}, "
-        f"mixed_precision={case.mixed_precision})))"
+        "import json, pickle, sys; from sharding_lab.engine.simulate import simulate; "
+        "print(json.dumps(simulate(pickle.loads(sys.stdin.buffer.read())).to_json()))"
     )
-    completed = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True)
+    completed = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", code], input=pickle.dumps(config), capture_output=True
+    )
     if completed.returncode != 0:
-        raise RuntimeError(f"simulating {case}: {completed.stderr.strip()[-2000:]}")
-    return json.loads(completed.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"simulating {config.label}: {completed.stderr.decode().strip()[-2000:]}")
+    return json.loads(completed.stdout.decode().strip().splitlines()[-1])
 
 
-def compare(case: Case, device: str, timeout_s: float = 600.0) -> Comparison:
-    simulated = simulate_in_a_fresh_process(case)
-    config = RunConfig.of(
-        "zero3", world_size=case.world_size, size=case.size, seq_len=case.seq, batch_size=case.batch,
-        mixed_precision=case.mixed_precision, device=device, placement=Placement.RANK_VIEW, timed_steps=1,
-    )
+def compare(case: Case, device: str, timeout_s: float = 600.0, placement: Placement = Placement.RANK_VIEW) -> Comparison:
+    """`case` simulated and measured (by default as a rank view; Placement.RANKS: real ranks, gloo on CPU)."""
+    config = case.run_config(device, placement)
+    simulated = simulate_in_a_fresh_process(config)
     rank0 = measure_many([config], timeout_s=timeout_s)[0].ranks[0]
     return Comparison(
         case,
-        simulated["per_rank"]["peak"],
+        simulated["peak_bytes"],
         rank0.peak_bytes,
         rank0.cuda_max_memory_allocated,
-        simulated["per_rank"]["model_states"],
+        simulated["model_states"]["total"],
         rank0.model_states_bytes,
+        rank0.optimizer_scalar_bytes,
     )

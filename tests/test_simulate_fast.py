@@ -1,0 +1,150 @@
+"""The extrapolated simulation (3 and 4 blocks) byte-equal to simulating every block, for every engine
+option; and the extrapolation itself, torch-free, on synthetic steps whose peak moves as L grows."""
+
+from __future__ import annotations
+
+import pytest
+
+from sharding_lab.engine import simulate_extrapolate as extrapolation
+from sharding_lab.engine.simulate_extrapolate import Event, NotExtrapolable, PeakKeeper, cut, extrapolate
+from sharding_lab.run_config import RunConfig
+
+# --- the extrapolation on synthetic steps (no torch) ------------------------------------------------------
+
+# Categories: (sharded states, activations, gradients, temporaries) and the total, as the tracker's are.
+STATES, ACTIVATION, GRAD = 100, 11, 7  # one block's sharded states, saved activations and gradient shard
+
+
+def _v(*parts: int) -> tuple[int, ...]:
+    return (*parts, sum(parts))
+
+
+def synthetic_step(n: int, head_spike: int = 0, tail_spike: int = 0, optimizer_spike: int = 0) -> list[Event]:
+    """A step shaped like FSDP's: the prefix, a forward pass saving ACTIVATION a block, a backward pass
+    freeing it and making GRAD a block, then the optimizer. Temporaries differ at the ends of a pass."""
+    root = 50
+    events = [Event(None, False, False, _v(root + n * STATES, 0, 0, t)) for t in (3, 9, 4)]
+    for j in range(n):  # forward
+        edge = head_spike if j == 0 else (tail_spike if j == n - 1 else 0)
+        for t in (5, 20 + edge, 2):
+            events.append(Event(j, False, False, _v(root + n * STATES, j * ACTIVATION, 0, t)))
+    events.append(Event(None, True, False, _v(root + n * STATES, n * ACTIVATION + 40, 0, 0)))  # the head
+    for i, j in enumerate(range(n - 1, -1, -1)):  # backward
+        for t in (6, 30, 1):
+            events.append(Event(j, True, False, _v(root + n * STATES, (j + 1) * ACTIVATION, i * GRAD, t)))
+    start = _v(root + n * STATES, 0, n * GRAD, 0)
+    for t in (8, 0, 12, 0, *([9, 0] * n), 12 + optimizer_spike, 0):  # root, blocks, root again
+        events.append(Event(None, False, True, tuple(s + d for s, d in zip(start, _v(0, 0, 0, t), strict=True))))
+    return events
+
+
+def synthetic_timeline(n: int, **spikes) -> extrapolation.Timeline:
+    events = synthetic_step(n, **spikes)
+    marks = {"after_step": _v(50 + n * STATES, 0, n * GRAD, 0)}
+    return cut(events, n, _v(50 + n * STATES, 0, n * GRAD, 0), marks)
+
+
+def directly(n: int, **spikes) -> extrapolation.StepMemory:
+    keeper = PeakKeeper()
+    for event in synthetic_step(n, **spikes):
+        keeper.add(event.bytes)
+    return keeper.result({"after_step": _v(50 + n * STATES, 0, n * GRAD, 0)})
+
+
+@pytest.mark.parametrize("spikes", [{}, {"head_spike": 500}, {"tail_spike": 300}, {"optimizer_spike": 2000}])
+def test_extrapolation_equals_the_step_worked_out_directly(spikes):
+    three, four = synthetic_timeline(3, **spikes), synthetic_timeline(4, **spikes)
+    for n in (3, 4, 5, 6, 17, 80, 1000):
+        assert extrapolate(three, four, n) == directly(n, **spikes), n
+
+
+def test_the_peak_moves_from_the_head_of_forward_to_the_start_of_backward_and_extrapolation_follows():
+    # A spike on the first forward block wins while L is small; activations (L x 7) overtake it later.
+    three, four = synthetic_timeline(3, head_spike=500), synthetic_timeline(4, head_spike=500)
+    small, large = extrapolate(three, four, 5), extrapolate(three, four, 200)
+    assert small.peak[3] == 20 + 500  # the peak moment is the head spike's (temporaries)
+    assert large.peak[1] == 200 * ACTIVATION + 40  # ... and later the head, every activation saved
+    assert (small, large) == (directly(5, head_spike=500), directly(200, head_spike=500))
+
+
+def test_a_step_without_the_structure_is_refused():
+    three, four = synthetic_timeline(3), synthetic_timeline(4)
+    shorter_prefix = extrapolation.Timeline(
+        four.n_blocks, four.prefix[:-1], four.passes, four.optimizer, four.optimizer_start, four.marks
+    )
+    with pytest.raises(NotExtrapolable, match="prefix"):
+        extrapolate(three, shorter_prefix, 10)
+    with pytest.raises(NotExtrapolable, match="visits blocks"):
+        cut([Event(1, False, False, _v(1)), Event(0, False, False, _v(1))], 2, _v(0), {})
+
+
+# --- the simulation: extrapolated against every block simulated ---------------------------------------------
+
+
+def _config(strategy: str = "zero3", world_size: int = 4, n_layer: int = 6, **options) -> RunConfig:
+    options.setdefault("seq_len", 16)
+    return RunConfig.of(
+        strategy, world_size=world_size, size="tiny", model_overrides={"n_layer": n_layer}, **options
+    )
+
+
+CONFIGS = {
+    "zero3 N=4 L=5": _config(n_layer=5),
+    "zero3 N=3 L=9 uneven shards": _config(world_size=3, n_layer=9, batch_size=1),
+    "zero2 N=8 L=6": _config("zero2", world_size=8),
+    "mixed precision N=4 L=7": _config(n_layer=7, mixed_precision=True),
+    "no prefetch N=2 L=6": _config(world_size=2, prefetch=False),
+    "checkpointing N=4 L=6 seq 32": _config(activation_checkpointing=True, seq_len=32),
+    "cpu offload N=4 L=6": _config(cpu_offload=True),
+    "hsdp 2x2 L=6": _config(replicas=2),
+    "grad accum 3 N=4 L=6": _config(grad_accum_steps=3),
+    "all at once: hsdp 2x4, zero2, bf16, checkpointing, accum 2, L=8": _config(
+        "zero2", world_size=8, n_layer=8, replicas=2, mixed_precision=True, activation_checkpointing=True,
+        grad_accum_steps=2, batch_size=3,
+    ),
+    "mini-shaped N=16 L=10 seq 64": RunConfig.of("zero3", world_size=16, size="mini", seq_len=64, batch_size=1),
+}
+
+
+def _bytes(result) -> tuple:
+    return (result.peak_bytes, result.peak_breakdown, result.category_peaks, result.after_forward, result.after_step)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_extrapolated_is_byte_equal_to_every_block_simulated(name):
+    from sharding_lab.engine.simulate import simulate
+
+    config = CONFIGS[name]
+    fast, full = simulate(config), simulate(config, method="full")
+    assert fast.extrapolated and not full.extrapolated, fast.notes
+    assert "3 and 4 blocks, extrapolated exactly" in fast.method
+    assert "every one of the" in full.method
+    assert _bytes(fast) == _bytes(full)
+    assert fast.model_states_match_prediction
+
+
+@pytest.mark.slow
+def test_a_model_of_four_blocks_or_fewer_is_simulated_whole():
+    from sharding_lab.engine.simulate import simulate
+
+    result = simulate(_config(n_layer=4))
+    assert not result.extrapolated and "every one of the 4 blocks" in result.method
+    assert "as fast as extrapolating" in result.notes[0]
+
+
+@pytest.mark.slow
+def test_without_the_structure_it_simulates_every_block_and_says_why(monkeypatch):
+    from sharding_lab.engine import simulate as simulate_module
+
+    def refuse(*_):
+        raise NotExtrapolable("the two runs have different passes")
+
+    monkeypatch.setattr(simulate_module.extrapolation, "extrapolate", refuse)
+    config = _config(n_layer=6)
+    result = simulate_module.simulate(config)
+    assert not result.extrapolated
+    assert "every one of the 6 blocks" in result.method
+    assert result.notes == ("not extrapolated: the two runs have different passes",)
+    monkeypatch.undo()
+    assert _bytes(result) == _bytes(simulate_module.simulate(config))
