@@ -114,3 +114,21 @@ def test_simulate_shows_the_simulated_column_without_a_reload(page: Page, live_s
     expect(page.get_by_role("button", name="Simulate again (exact, FSDP2)")).to_be_enabled()
     page.reload()  # the stored result stays
     expect(page.locator("#simulated-zero3-total")).to_contain_text("1.02 kB")
+
+
+def test_every_control_is_reached_by_tab_with_a_focus_ring_and_dark_mode_passes_axe(page: Page, live_server: str):
+    page.emulate_media(color_scheme="dark")
+    page.goto(live_server + "/plan?size=gpt2-small&gpus=16&mesh=2x8&cpu_offload=on&mixed_precision=on")
+    assert audit(page) == []
+    wanted = page.evaluate("""() => [...document.querySelectorAll('a[href], button, input:not([type=hidden]), select, [tabindex]')]
+        .filter(e => e.checkVisibility() && !e.disabled && e.tabIndex >= 0).map(e => e.outerHTML.slice(0, 80))""")
+    reached, no_ring = set(), []
+    for _ in range(len(wanted) + 3):
+        page.keyboard.press("Tab")
+        html, style, width = page.evaluate("""() => { const e = document.activeElement, s = getComputedStyle(e);
+            return [e.outerHTML.slice(0, 80), s.outlineStyle, parseFloat(s.outlineWidth)]; }""")
+        reached.add(html)
+        if not html.startswith("<body") and (style == "none" or width < 2):
+            no_ring.append(html)
+    assert [html for html in wanted if html not in reached] == []
+    assert no_ring == []
