@@ -1,11 +1,12 @@
 """The question bank: one YAML file per deck in bank/, loaded and validated as a whole.
 
-A deck file looks like this (every key shown; `retired_ids` and `description` are optional):
+A deck file looks like this (every key shown; `retired_ids`, `description` and `order` are optional):
 
     id: fsdp
     title: Fully Sharded Data Parallel
     description: ...
     retired_ids: []          # question ids once used and removed: never to be reused
+    order: 1                 # decks are listed by it (default 0), then by file name
     questions:
       - id: fsdp-what-is-sharded
         prompt: What does FSDP shard ...?
@@ -37,7 +38,7 @@ DEFAULT_BANK_DIR = Path(__file__).resolve().parent.parent / "bank"
 SLUG = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 TAG = re.compile(r"^[A-Za-z0-9_:.-]+$")  # Anki tags cannot contain spaces
 
-DECK_KEYS = {"id", "title", "description", "retired_ids", "questions"}
+DECK_KEYS = {"id", "title", "description", "retired_ids", "questions", "order"}
 DECK_REQUIRED = {"id", "title", "questions"}
 QUESTION_KEYS = {"id", "prompt", "choices", "explanation", "lab", "tags"}
 CHOICE_KEYS = {"text", "correct", "why_wrong"}
@@ -72,6 +73,7 @@ class Deck:
     retired_ids: tuple[str, ...] = ()
     path: str = ""
     line: int = 0  # where the deck's `id` is in its file, for error messages
+    order: int = 0  # where the deck comes in the bank (then by file name): the seed quizzes first
 
     def content_hash(self) -> str:
         digest = hashlib.sha256(f"{self.id}\n{self.title}\n{self.description}".encode())
@@ -340,6 +342,10 @@ def parse_deck(text: str, file: str) -> tuple[Deck | None, list[BankProblem]]:
             first_lines.setdefault(question.id, question.line)
             questions.append(question)
 
+    order = raw.get("order", 0)
+    if not isinstance(order, int) or isinstance(order, bool):
+        check.add(raw.key_lines["order"], "must be a whole number (decks are listed by it, then by file name)",
+                  None, "order")
     if check.problems or not deck_id:
         return None, check.problems
     deck = Deck(
@@ -350,6 +356,7 @@ def parse_deck(text: str, file: str) -> tuple[Deck | None, list[BankProblem]]:
         retired_ids=tuple(retired),
         path=file,
         line=raw.key_lines["id"],
+        order=order,
     )
     return deck, []
 
@@ -385,7 +392,7 @@ def load_bank(path: str | Path | None = None) -> list[Deck]:
     problems.extend(_cross_deck_problems(decks))
     if problems:
         raise BankError(problems)
-    return decks
+    return sorted(decks, key=lambda deck: deck.order)  # stable: file-name order within one `order`
 
 
 def _cross_deck_problems(decks: list[Deck]) -> list[BankProblem]:

@@ -474,3 +474,19 @@ def test_parse_deck_accepts_a_valid_deck():
     assert problems == [] and deck is not None
     assert (deck.id, deck.path, deck.line, len(deck.questions)) == ("fsdp", "fsdp.yaml", Edit().line("id: fsdp"), 8)
     assert deck.questions[0].line == Edit().line(f"- id: {q(1)}")
+
+
+def test_decks_are_listed_by_their_order_then_by_file_name(tmp_path):
+    # The repository's bank: the two seed quizzes first, the third deck after them.
+    assert [deck.id for deck in load_bank()] == ["fsdp", "zero", "beyond"]
+    # A file named to sort first still comes where its `order` puts it.
+    shutil.copy(BANK / "fsdp.yaml", tmp_path / "b.yaml")
+    shutil.copy(BANK / "zero.yaml", tmp_path / "a.yaml")
+    assert [deck.id for deck in load_bank(tmp_path)] == ["fsdp", "zero"]
+
+
+def test_a_deck_order_that_is_not_a_whole_number_is_refused_by_line(tmp_path):
+    edit = Edit(BANK / "zero.yaml").replace("order: 2", "order: second")
+    (problem,) = problems_of(tmp_path, edit.text)
+    assert (problem.line, problem.field) == (edit.line("order: second"), "order")
+    assert "whole number" in problem.message
