@@ -49,6 +49,7 @@ from studyapp.lab_runs.plan_runs import (
 from studyapp.lab_runs.queue import PLAN_SIMULATION
 from studyapp.models import LabRun
 from studyapp.plan_chart import ChartBar, memory_chart
+from studyapp.views.labs import run_json  # a lab run's JSON: one shape for both job kinds
 
 bp = Blueprint("plan", __name__, url_prefix="/plan")
 
@@ -401,8 +402,6 @@ def start_simulation():
 
 @bp.get("/simulations/<int:run_id>")
 def simulation_status(run_id: int):
-    from studyapp.views.labs import run_json  # the lab runs' JSON, one shape for both kinds
-
     session = get_session()
     run = session.get(LabRun, run_id) if run_id < 2**31 else None
     if run is None or run.lab_id != PLAN_SIMULATION:
