@@ -244,8 +244,11 @@ def logged_in() -> bool:
     return hmac.compare_digest(kept.encode(), fingerprint(token, current_app.secret_key).encode())
 
 
+JSON_ENDPOINTS = frozenset({"labs.run_status", "plan.simulation_status"})  # JSON APIs whatever the Accept header
+
+
 def _wants_json() -> bool:
-    return request.is_json or request.accept_mimetypes.best == "application/json" or request.endpoint == "labs.run_status"
+    return request.is_json or request.accept_mimetypes.best == "application/json" or request.endpoint in JSON_ENDPOINTS
 
 
 def _safe_next(target: str | None) -> str:
