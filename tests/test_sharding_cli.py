@@ -22,7 +22,7 @@ VENV_BIN = Path(sys.executable).parent
 def test_subcommands_are_registered():
     parser = cli.build_parser()
     commands = parser._subparsers._group_actions[0].choices
-    assert {"measure", "compare", "estimate", "list", "run", "serve-labs"} == set(commands)
+    assert {"measure", "compare", "estimate", "plan", "list", "run", "serve-labs", "at-scale"} == set(commands)
 
 
 def test_cli_choices_match_the_engine():
