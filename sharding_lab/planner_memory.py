@@ -1,9 +1,15 @@
 """The planner's memory model: what one rank holds at each moment a training step can peak.
 
 Derived for our GPT (`sharding_lab/engine/model.py`: nanoGPT's shape, 4x GELU MLP, LayerNorm, SDPA) run as
-`sharding_lab/engine/parallelize.py` runs it, and calibrated against the FSDP2 simulation
-(`engine/simulate.py`: FakeTensorMode on CPU, FSDPMemTracker), which it matches to the byte on the configs
-in tests/test_planner.py. No torch here: the web app imports this.
+`sharding_lab/engine/parallelize.py` runs it. For FSDP2 the step is walked op by op, as the simulation
+(`engine/simulate.py`: FakeTensorMode on CPU, FSDPMemTracker) sees it after every op, and each phase's
+largest moment kept: it matches the simulation to the byte at 7b x 64 and 70b x 1024 (seq 2048) with every
+engine option, and on the small configs in tests/test_planner.py. No torch here: the web app imports this.
+
+Where the peak falls depends on the shape: on small models at the loss's or the MLP's backward; for wide
+blocks (C^2 against the tokens) at attn.c_attn's backward, where a whole block's unsharded gradients are held
+until its reduce-scatter; for zero2 and with accumulation in the forward, with every block (zero2) or every
+gradient (accumulation) held. The gathered root is padded to a multiple of the shards, as FSDP2 pads it.
 
 Notation: B·T tokens per micro-batch, C width, nh heads, V vocabulary, L blocks; `act` the compute
 dtype's bytes (4 fp32, 2 bf16 under mixed precision), `param` the gathered parameters' bytes (the same),
@@ -54,9 +60,9 @@ def outside_blocks_saved_bytes(tokens: int, seq: int, width: int, vocab: int, ac
     return tokens * (2 * width + 2 + vocab) * act + seq * INT64 + 2 * act
 
 
-def inputs_bytes(tokens: int) -> int:
-    """The micro-batch's token ids and targets, int64."""
-    return 2 * tokens * INT64
+def inputs_bytes(micro_batch: int, seq: int) -> int:
+    """The micro-batch's token ids and targets: one (B, T + 1) int64 tensor, of which both are views."""
+    return micro_batch * (seq + 1) * INT64
 
 
 @dataclass(frozen=True)
@@ -146,14 +152,14 @@ def _activations_at_block(step: StepShape, i: int) -> int:
     t, act = step.tokens, step.act
     full_block = block_saved_bytes(t, step.width, step.heads, act)
     below = i * (t * step.width * act if step.activation_checkpointing else full_block)
-    return below + full_block + step.seq * INT64 + 2 * act + inputs_bytes(t)
+    return below + full_block + step.seq * INT64 + 2 * act + inputs_bytes(step.micro_batch, step.seq)
 
 
 def _all_activations(step: StepShape) -> int:
     t, act = step.tokens, step.act
     per_block = t * step.width * act if step.activation_checkpointing else block_saved_bytes(t, step.width, step.heads, act)
     outside = outside_blocks_saved_bytes(t, step.seq, step.width, step.vocab, act)
-    return step.layers * per_block + outside + inputs_bytes(t)
+    return step.layers * per_block + outside + inputs_bytes(step.micro_batch, step.seq)
 
 
 def _block_backward_temporaries(step: StepShape) -> int:
@@ -163,90 +169,262 @@ def _block_backward_temporaries(step: StepShape) -> int:
     return step.tokens * 5 * c * step.act + (4 * c * c + (c if step.bias else 0)) * step.act
 
 
-def _root_head_grad_numel(step: StepShape) -> int:
-    """Root gradients that exist from the head's backward on: lm_head (or the tied wte) and ln_f."""
-    return step.vocab * step.width + (2 if step.bias else 1) * step.width
+class _Ledger:
+    """One rank's bytes by category as the step runs, op by op; keeps the largest moment of each phase
+    (the first to reach it), as the simulation's tracker sees the step after every op."""
+
+    def __init__(self, host: int) -> None:
+        self.held = dict.fromkeys(_CATEGORIES, 0)
+        self.host = host
+        self.moments: list[Moment] = []
+        self._phase = ""
+        self._best: Moment | None = None
+
+    def phase(self, name: str) -> None:
+        self._close()
+        self._phase = name
+
+    def op(self, at: str, **deltas: int) -> None:
+        """One op: its allocations (positive) and frees (negative) by category, then a moment."""
+        for category, delta in deltas.items():
+            self.held[category] += delta
+        total = sum(self.held.values())
+        if self._best is None or total > self._best.total:
+            self._best = Moment(f"{self._phase} ({at})", **self.held, host=self.host)
+
+    def result(self) -> list[Moment]:
+        self._close()
+        return self.moments
+
+    def _close(self) -> None:
+        if self._best is not None:
+            self.moments.append(self._best)
+        self._best = None
+
+
+_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries",
+               "all_gather_buffers", "reduce_scatter_buffers")
+
+
+def _block_gradient_bytes(step: StepShape) -> dict[str, int]:
+    """One block's parameter gradients by module, at the compute dtype (autograd makes them there)."""
+    c, g, bias = step.width, step.act, 1 if step.bias else 0
+    ln = (1 + bias) * c * g  # LayerNorm's weight (and bias)
+    return {
+        "mlp.c_proj": (4 * c * c + bias * c) * g,
+        "mlp.c_fc": (4 * c * c + bias * 4 * c) * g,
+        "ln_2": ln,
+        "attn.c_proj": (c * c + bias * c) * g,
+        "attn.c_attn": 3 * c * c * g,
+        "attn.c_attn.bias": bias * 3 * c * g,  # apart: checkpointing frees a tensor between the two
+        "ln_1": ln,
+    }
 
 
 def _fsdp_moments(step: StepShape) -> list[Moment]:
-    s, act, param = step.shard_ranks, step.act, step.act
-    zero3 = step.strategy is Strategy.ZERO3
-    all_shapes = [*step.root_shapes, *step.block_shapes * step.layers]
+    """FSDP2 as the engine runs it, op by op: the forward (all-gathers, saved tensors), the loss, each
+    block's backward (its parameter gradients pile up until its reduce-scatter), the embeddings and the
+    root's reduce-scatter, and Adam. Matches the simulation's tracker event for event at every op that
+    can hold a maximum; see `_block_backward` for one block."""
+    s, a = step.shard_ranks, step.act  # a: compute bytes (activations, gathered parameters, gradients)
+    zero3, prefetch, ac = step.strategy is Strategy.ZERO3, step.prefetch, step.activation_checkpointing
+    t, c, v, layers = step.tokens, step.width, step.vocab, step.layers
+    tc = t * c * a
+    all_shapes = [*step.root_shapes, *step.block_shapes * layers]
     sharded = fsdp_padded_numel(all_shapes, s) // s
-    block_sharded = fsdp_padded_numel(step.block_shapes, s) // s
-    block_gathered = fsdp_padded_numel(step.block_shapes, s)
-    root_gathered = step.root_numel * param  # the root stays unsharded from forward to the end of backward
+    block_padded = fsdp_padded_numel(step.block_shapes, s)
+    root_padded = fsdp_padded_numel(step.root_shapes, s)
+    P, R = block_padded * a, root_padded * a  # one block's, and the root's, gathered parameters (padded)
     params_sharded = FP32 * sharded
     optimizer = 2 * FP32 * sharded + ADAM_STEP_COUNTER_BYTES * step.num_tensors
     host = 0
     if step.cpu_offload:  # CPUOffloadPolicy: sharded parameters, gradients and Adam state in host memory
         host = params_sharded + FP32 * sharded + optimizer
         params_sharded = optimizer = 0
-    grads_sharded = lambda blocks: 0 if step.cpu_offload else FP32 * block_sharded * blocks  # noqa: E731
-    # Gradient accumulation: the micro-batches before the last keep every unsharded gradient, in fp32.
+    sharded_grad = lambda padded: 0 if step.cpu_offload else FP32 * padded // s  # noqa: E731
+    # Gradient accumulation: the micro-batches before the last leave every unsharded gradient, in fp32.
     accumulated = FP32 * step.num_params if step.grad_accum_steps > 1 else 0
-    prefetched = block_gathered * param if (zero3 and step.prefetch) else 0
-    moments = []
+    stats = 2 * t * a  # a LayerNorm's mean and rstd (the compute dtype, as on CPU)
+    lse = step.heads * t * FP32  # SDPA's logsumexp
+    positions, inputs = step.seq * INT64, inputs_bytes(step.micro_batch, step.seq)
+    loss_scalars = 2 * a  # the loss and nll_loss's total weight
 
-    # 1. Backward starts at the loss: every activation saved, plus two (B·T, V) gradients (nll_loss's and
-    #    log-softmax's), the root gathered, and (zero3) the last block's prefetched all-gather.
-    moments.append(Moment(
-        "loss backward",
-        parameters=params_sharded + root_gathered + (0 if zero3 else step.layers * block_gathered * param),
-        gradients=accumulated,
-        optimizer_state=optimizer,
-        activations=_all_activations(step),
-        temporaries=2 * step.tokens * step.vocab * act,
-        all_gather_buffers=prefetched,
-        host=host,
-    ))
-    # 2. Each block's backward (at its MLP's c_proj): fewer activations, more reduced gradients.
-    for i in reversed(range(step.layers)):
-        above = step.layers - 1 - i
-        moments.append(Moment(
-            f"block {i} backward",
-            parameters=params_sharded + root_gathered + (1 if zero3 else i + 1) * block_gathered * param,
-            gradients=(accumulated or grads_sharded(above)) + _root_head_grad_numel(step) * param,
-            optimizer_state=optimizer,
-            activations=_activations_at_block(step, i),
-            temporaries=_block_backward_temporaries(step),
-            all_gather_buffers=prefetched if i > 0 else 0,
-            reduce_scatter_buffers=REDUCE_BYTES * block_gathered if above else 0,
-            host=host,
-        ))
-    # 3. The end of backward, at the embeddings: every block reduced, the root's gradients unsharded, the
-    #    first block's reduce-scatter buffer not yet freed; of the activations only the loss scalars and
-    #    the inputs are left (the position indices went with wpe's backward).
-    tail_activations = 2 * act + inputs_bytes(step.tokens)
-    moments.append(Moment(
-        "end of backward",
-        parameters=params_sharded + root_gathered,
-        gradients=(accumulated or grads_sharded(step.layers)) + step.root_numel * param,
-        optimizer_state=optimizer,
-        activations=tail_activations,
-        temporaries=step.tokens * step.width * act,
-        reduce_scatter_buffers=REDUCE_BYTES * block_gathered,
-        host=host,
-    ))
-    # 4. The root's reduce-scatter: its gradients copied into one fp32 buffer (the unsharded ones freed).
-    moments.append(Moment(
-        "root reduce-scatter",
-        parameters=params_sharded + root_gathered,
-        gradients=grads_sharded(step.layers),
-        optimizer_state=optimizer,
-        activations=tail_activations,
-        reduce_scatter_buffers=REDUCE_BYTES * fsdp_padded_numel(step.root_shapes, s),
-        host=host,
-    ))
-    # 5. The optimizer step: every model state at once (Adam's per-tensor temporaries left out).
-    moments.append(Moment(
-        "optimizer step",
-        parameters=params_sharded,
-        gradients=0 if step.cpu_offload else FP32 * sharded,
-        optimizer_state=optimizer,
-        host=host,
-    ))
-    return moments
+    m = _Ledger(host)
+    # --- forward -------------------------------------------------------------------------------------
+    m.phase("forward, the root's all-gather")
+    m.op("model states", parameters=params_sharded, optimizer_state=optimizer, gradients=accumulated)
+    m.op("the batch", activations=inputs)
+    # With accumulation the previous micro-batch's (divided) loss is held until this one's replaces it.
+    held_loss = a if accumulated else 0
+    m.op("the previous micro-batch's loss", activations=held_loss)
+    m.op("the root's all-gather", all_gather_buffers=R)
+    m.op("its copy-out", parameters=R)
+    if prefetch:
+        m.op("block 0's prefetched all-gather", all_gather_buffers=P)
+    m.op("positions", activations=positions)
+    m.op("token embeddings", activations=tc)
+    m.op("position embeddings", activations=step.seq * c * a)
+    m.op("their sum", activations=tc)
+    m.op("the embeddings freed", activations=-tc - step.seq * c * a)
+    for j in range(layers):
+        m.phase(f"block {j} forward")
+        if not prefetch:
+            m.op("its all-gather", all_gather_buffers=P)
+        m.op("its copy-out", parameters=P)
+        if j == 0:
+            m.op("the root's all-gather buffer freed", all_gather_buffers=-R)
+        else:
+            m.op("the previous all-gather buffer freed", all_gather_buffers=-P)
+        if prefetch and j + 1 < layers:
+            m.op(f"block {j + 1}'s prefetched all-gather", all_gather_buffers=P)
+        if ac:
+            m.op("its output (the next block's input)", activations=tc)
+            # non-reentrant checkpointing saves nothing else; the forward's tensors are freed as it goes
+            m.op("the largest forward temporary", temporaries=4 * tc)
+            m.op("freed", temporaries=-4 * tc)
+        else:
+            m.op("ln_1", activations=tc + stats)
+            m.op("c_attn", activations=3 * tc)
+            m.op("attention", activations=tc + lse)
+            m.op("attn.c_proj", activations=tc)
+            m.op("residual add", activations=tc)
+            m.op("attn.c_proj's output freed", activations=-tc)
+            m.op("ln_2", activations=tc + stats)
+            m.op("c_fc", activations=4 * tc)
+            m.op("gelu", activations=4 * tc)
+            m.op("mlp.c_proj", activations=tc)
+            m.op("residual add", activations=tc)
+            m.op("mlp.c_proj's output freed", activations=-tc)
+        if zero3:
+            m.op("resharded", parameters=-P)
+    m.phase("loss forward")
+    m.op("ln_f", activations=tc + stats)
+    m.op("lm_head's logits", activations=t * v * a)
+    m.op("log-softmax", activations=t * v * a)
+    m.op("nll_loss", activations=loss_scalars)
+    m.op("the previous loss freed", activations=-held_loss)
+    m.op("the logits freed", activations=-t * v * a)
+    # --- backward ------------------------------------------------------------------------------------
+    m.phase("loss backward")
+    m.op("the loss's gradient", activations=a, all_gather_buffers=-P)
+    if zero3 and prefetch:
+        m.op(f"block {layers - 1}'s prefetched all-gather", all_gather_buffers=P)
+    m.op("nll_loss backward", temporaries=t * v * a)
+    m.op("the loss's gradient freed", activations=-a)
+    m.op("log-softmax backward", temporaries=t * v * a)
+    m.op("log-softmax's output freed", activations=-t * v * a, temporaries=-t * v * a)
+    head_grad, ln_f_grads = v * c * a, (2 if step.bias else 1) * c * a
+    m.op("lm_head's weight gradient", gradients=head_grad)
+    m.op("lm_head's input gradient", temporaries=tc)
+    m.op("ln_f's output freed", activations=-tc, temporaries=-t * v * a)
+    m.op("lm_head's gradient added to the kept one", gradients=-head_grad if accumulated else 0)
+    m.op("ln_f backward", temporaries=tc, gradients=ln_f_grads)
+    m.op("ln_f's input freed", activations=-tc - stats, temporaries=-tc)
+    m.op("ln_f's gradients added to the kept ones", gradients=-ln_f_grads if accumulated else 0)
+    grads = _block_gradient_bytes(step)
+    block_grads = sum(grads.values())
+    for i in reversed(range(layers)):
+        m.phase(f"block {i} backward")
+        if zero3:
+            if not prefetch:
+                m.op("its all-gather", all_gather_buffers=P)
+            m.op("its copy-out", parameters=P)
+            m.op("the all-gather buffer freed", all_gather_buffers=-P)
+            if prefetch and i > 0:
+                m.op(f"block {i - 1}'s prefetched all-gather", all_gather_buffers=P)
+        if ac:
+            _recompute(m, tc, stats, lse)
+        _block_backward(m, grads, tc, stats, lse, ac, accumulate=bool(accumulated))
+        # post-backward: reshard, free the previous reduce-scatter buffer, copy the gradients (and, with
+        # accumulation, the kept ones) into an fp32 reduce-scatter buffer, free them, keep the shard.
+        m.op("resharded", parameters=-P)
+        if i < layers - 1:
+            m.op("the previous reduce-scatter buffer freed", reduce_scatter_buffers=-FP32 * block_padded)
+        m.op("the reduce-scatter buffer", reduce_scatter_buffers=FP32 * block_padded)
+        kept = FP32 * step.block_numel if accumulated else 0
+        m.op("its gradients freed, the shard kept",
+             gradients=-(kept or block_grads) + sharded_grad(block_padded))
+    m.phase("end of backward")
+    m.op("wpe's output gradient", temporaries=step.seq * c * a)
+    wpe_grad, wte_grad = math.prod(step.root_shapes[1]) * a, math.prod(step.root_shapes[0]) * a
+    m.op("wpe's weight gradient", gradients=wpe_grad)
+    m.op("positions freed", activations=-positions, temporaries=-step.seq * c * a)
+    m.op("wte's weight gradient", gradients=wte_grad)
+    m.op("the input gradient freed", temporaries=-tc)
+    m.op("added to the kept ones", gradients=-(wpe_grad + wte_grad) if accumulated else 0)
+    m.phase("root reduce-scatter")
+    m.op("the root resharded", parameters=-R)
+    m.op("the last block's reduce-scatter buffer freed", reduce_scatter_buffers=-FP32 * block_padded)
+    m.op("the root's reduce-scatter buffer", reduce_scatter_buffers=FP32 * root_padded)
+    root_grads = step.root_numel * a
+    m.op("its gradients freed, the shard kept",
+         gradients=-(FP32 * step.root_numel if accumulated else root_grads) + sharded_grad(root_padded))
+    m.phase("optimizer step")
+    m.op("the reduce-scatter buffer freed", reduce_scatter_buffers=-FP32 * root_padded,
+         activations=-loss_scalars // 2)
+    largest = max(fsdp_padded_numel([shape], s) for shape in all_shapes) // s
+    m.op("Adam's temporaries for the largest shard", optimizer_state=0 if step.cpu_offload else 2 * FP32 * largest)
+    return m.result()
+
+
+def _recompute(m: _Ledger, tc: int, stats: int, lse: int) -> None:
+    """Activation checkpointing: the block's forward rerun at the start of its backward, saving what the
+    forward would have (its input is the one tensor kept), up to the last op backward needs."""
+    m.op("recomputed ln_1", activations=tc + stats)
+    m.op("recomputed c_attn", activations=3 * tc)
+    m.op("recomputed attention", activations=tc + lse)
+    m.op("recomputed attn.c_proj", activations=tc)
+    m.op("recomputed residual add", activations=tc)
+    m.op("attn.c_proj's output freed", activations=-tc)
+    m.op("recomputed ln_2", activations=tc + stats)
+    m.op("recomputed c_fc", activations=4 * tc)
+    m.op("recomputed gelu", activations=4 * tc)
+
+
+def _block_backward(m: _Ledger, grads: dict[str, int], tc: int, stats: int, lse: int, ac: bool, *,
+                    accumulate: bool) -> None:
+    """One block's backward, op by op, as autograd runs it on our Block. The gradient arriving at the
+    block's output (tc) is held throughout; each Linear's weight (and bias) gradient stays until the
+    block's reduce-scatter, so they pile up to the whole block's by attn.c_attn, the last Linear. With
+    accumulation each is added to the kept fp32 gradient and freed once its Linear's backward is done."""
+    added = lambda *names: -sum(grads[n] for n in names) if accumulate else 0  # noqa: E731
+    m.op("mlp.c_proj's input gradient", temporaries=4 * tc)
+    m.op("mlp.c_proj's weight gradient", gradients=grads["mlp.c_proj"])
+    m.op("gelu's output freed", activations=-4 * tc)
+    m.op("added to the kept gradient", gradients=added("mlp.c_proj"))
+    m.op("gelu backward", temporaries=4 * tc)
+    m.op("c_fc's output freed", activations=-4 * tc, temporaries=-4 * tc)
+    m.op("mlp.c_fc's input gradient", temporaries=tc)
+    m.op("mlp.c_fc's weight gradient", gradients=grads["mlp.c_fc"])
+    m.op("ln_2's output freed", activations=-tc, temporaries=-4 * tc)
+    m.op("added to the kept gradient", gradients=added("mlp.c_fc"))
+    m.op("ln_2 backward", temporaries=tc, gradients=grads["ln_2"])
+    m.op("ln_2's input freed", activations=-tc - stats, temporaries=-tc)
+    m.op("the residual's gradient", temporaries=tc)
+    m.op("the addends freed", temporaries=-2 * tc)
+    m.op("added to the kept gradient", gradients=added("ln_2"))
+    m.op("attn.c_proj's input gradient", temporaries=tc)
+    m.op("attn.c_proj's weight gradient", gradients=grads["attn.c_proj"])
+    m.op("added to the kept gradient", gradients=added("attn.c_proj"))
+    m.op("attention backward", temporaries=3 * tc)
+    m.op("q, k, v and the attention output freed", activations=-4 * tc - lse, temporaries=-tc)
+    m.op("q, k, v gradients concatenated", temporaries=3 * tc)
+    m.op("their parts freed", temporaries=-3 * tc)
+    m.op("attn.c_attn's input gradient", temporaries=tc)
+    weight, bias = grads["attn.c_attn"], grads["attn.c_attn.bias"]
+    if ac:  # checkpointing frees the recomputed ln_1 output with c_attn's bias gradient
+        m.op("attn.c_attn's weight gradient", gradients=weight)
+        m.op("its bias gradient; ln_1's output freed", gradients=bias, activations=-tc)
+        m.op("the q, k, v gradient freed", temporaries=-3 * tc)
+    else:
+        m.op("attn.c_attn's weight gradient", gradients=weight + bias)
+        m.op("ln_1's output freed", activations=-tc, temporaries=-3 * tc)
+    m.op("added to the kept gradient", gradients=added("attn.c_attn", "attn.c_attn.bias"))
+    m.op("ln_1 backward", temporaries=tc, gradients=grads["ln_1"])
+    m.op("ln_1's input freed", activations=-tc - stats, temporaries=-tc)
+    m.op("the residual's gradient", temporaries=tc)
+    m.op("the addends freed", temporaries=-2 * tc)
+    m.op("added to the kept gradient", gradients=added("ln_1"))
 
 
 def _ddp_moments(step: StepShape) -> list[Moment]:
