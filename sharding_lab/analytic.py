@@ -17,6 +17,7 @@ zero3 (P_os+g+p, alias fsdp) also the parameters.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterable, Sequence
 
@@ -137,8 +138,13 @@ def zero1_partition(numels: Sequence[int], world_size: int) -> list[int]:
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     owned = [0] * world_size
+    # A heap of (elements so far, rank): its smallest is the rank with the fewest, the lowest on a tie,
+    # in log N per tensor (a 100,000-GPU plan has 1,500 tensors to place).
+    least = [(0, rank) for rank in range(world_size)]
     for numel in sorted(numels, reverse=True):
-        owned[owned.index(min(owned))] += numel
+        count, rank = heapq.heappop(least)
+        owned[rank] = count + numel
+        heapq.heappush(least, (owned[rank], rank))
     return owned
 
 
