@@ -174,7 +174,7 @@ def test_defaults_fill_what_the_url_leaves_out_and_flags_off_mean_off(client):
         ({"gpus": "8", "mesh": "2x2"}, "mesh", "HSDP mesh 2x2 is 4 GPUs, but GPUs is 8"),
         ({"mesh": "two by four"}, "mesh", "must be REPLICASxSHARDS"),
         ({"micro_batch": "-2"}, "micro_batch", "Micro-batch must be a whole number from 1 to"),
-        ({"gpus": "0"}, "gpus", "GPUs must be from 1 to 8,192, got 0"),
+        ({"gpus": "0"}, "gpus", "GPUs must be from 1 to 131,072, got 0"),
         ({"gpu_memory_gb": "-80"}, "gpu_memory_gb", "GPU memory (GB) must be positive"),
         ({"gpu_memory_gb": "lots"}, "gpu_memory_gb", "GPU memory (GB) must be a number, got &#39;lots&#39;"),
         ({"gpu_memory_gb": "nan"}, "gpu_memory_gb", "GPU memory (GB) must be a number"),
