@@ -106,6 +106,10 @@ class Simulation:
     def model_states_match_prediction(self) -> bool:
         return all(self.model_states[k] == self.predicted_model_states[k] for k in ("params", "grads", "optimizer"))
 
+    @property
+    def seq_len(self) -> int:
+        return self.config.seq_len or _model_config(self.config).block_size
+
     def to_json(self) -> dict:
         data = asdict(self)
         data["config"] = {
@@ -122,10 +126,6 @@ class Simulation:
         data["activations_after_forward"] = self.activations_after_forward
         data["model_states_match_prediction"] = self.model_states_match_prediction
         return data
-
-    @property
-    def seq_len(self) -> int:
-        return self.config.seq_len or _model_config(self.config).block_size
 
 
 def simulate(config: RunConfig, *, method: str = EXTRAPOLATED) -> Simulation:
@@ -146,28 +146,23 @@ def simulate(config: RunConfig, *, method: str = EXTRAPOLATED) -> Simulation:
         raise RuntimeError("simulate starts its own fake process group; this process already has one")
 
     started = time.perf_counter()
-    smallest = extrapolation.SMALLEST
-    notes: list[str] = []
+    runs = (extrapolation.SMALLEST, extrapolation.SMALLEST + 1)
+    memory, notes = None, []
     # The fake backend answers every collective at once (fetching its store registers it).
     dist.init_process_group("fake", rank=SIMULATED_RANK, world_size=config.world_size, store=internals.fake_store())
     try:
         mesh = data_parallel_mesh("cpu", config.world_size, config.options.replicas)
-        memory = None
-        if method == EXTRAPOLATED and model_config.n_layer > smallest + 1:
-            short = [_step_timeline(config, model_config, mesh, n) for n in (smallest, smallest + 1)]
+        if method == EXTRAPOLATED and model_config.n_layer > runs[-1]:
+            short = [_step_timeline(config, model_config, mesh, n) for n in runs]
             try:
-                memory = extrapolation.extrapolate(short[0], short[1], model_config.n_layer)
-                how = (
-                    f"simulated with {smallest} and {smallest + 1} blocks, extrapolated exactly to "
-                    f"{model_config.n_layer} (the blocks are identical)"
-                )
+                memory = extrapolation.extrapolate(*short, model_config.n_layer)
             except extrapolation.NotExtrapolable as error:
                 notes.append(f"not extrapolated: {error}")
         elif method == EXTRAPOLATED:
             notes.append(f"{model_config.n_layer} blocks: simulating each is as fast as extrapolating")
-        if memory is None:
+        extrapolated = memory is not None
+        if not extrapolated:
             memory = _full_step(config, model_config, mesh)
-            how = f"every one of the {model_config.n_layer} blocks simulated"
     finally:
         dist.destroy_process_group()
     wall_s = time.perf_counter() - started
@@ -196,8 +191,11 @@ def simulate(config: RunConfig, *, method: str = EXTRAPOLATED) -> Simulation:
         predicted_model_states=predicted,
         wall_s=wall_s,
         peak_rss_bytes=_peak_rss_bytes(),
-        method=f"FSDP2 under FakeTensorMode on the fake process group, FSDPMemTracker; {how}",
-        extrapolated=memory is not None and how.startswith("simulated with"),
+        method="FSDP2 under FakeTensorMode on the fake process group, FSDPMemTracker; " + (
+            f"simulated with {runs[0]} and {runs[1]} blocks, extrapolated exactly to {model_config.n_layer} "
+            "(the blocks are identical)" if extrapolated else f"every one of the {model_config.n_layer} blocks simulated"
+        ),
+        extrapolated=extrapolated,
         notes=tuple(notes),
     )
 
