@@ -154,6 +154,13 @@ def test_refuses_a_sequence_longer_than_the_model():
         simulate(tiny(2, batch=1, seq=64))
 
 
+def test_refuses_what_it_does_not_simulate():
+    with pytest.raises(ValueError, match="FSDP2"):
+        simulate(RunConfig.of("ddp", world_size=2))
+    with pytest.raises(ValueError, match="warmup_steps"):  # the tracked step would create Adam's state
+        simulate(tiny(2, batch=1, seq=16, warmup_steps=0))
+
+
 @pytest.mark.slow
 def test_cli_json_carries_simulated_and_analytic_figures(capsys, tiny_at_8_ranks):
     assert run_estimate_cli(["--simulate", "--size", "tiny", "--world-size", "8", "--batch", "2", "--json"]) == 0

@@ -136,6 +136,10 @@ def simulate(config: RunConfig, *, method: str = EXTRAPOLATED) -> Simulation:
     """
     if not config.strategy.fully_sharded:
         raise ValueError(f"the simulation runs FSDP2 (zero2, zero3); {config.strategy} is not one")
+    if config.warmup_steps < 1:
+        # The first step creates Adam's state, and which temporaries that takes on fake tensors depends on
+        # what ran before in the process (DTensor's dispatch takes a longer path the first time).
+        raise ValueError("the simulation tracks a step after warm-up: warmup_steps must be at least 1")
     if method not in (FULL, EXTRAPOLATED):
         raise ValueError(f"method must be {FULL!r} or {EXTRAPOLATED!r}, got {method!r}")
     model_config = _model_config(config)
@@ -263,8 +267,7 @@ def _run(config: RunConfig, model_config: GPTConfig, mesh, observe) -> dict[str,
     with internals.fake_tensor_mode(allow_non_fake_inputs=True):
         model.to_empty(device="cpu")  # no init_weights(): fake tensors have no values to set
         optimizer = make_optimizer()
-        for step in range(min(config.warmup_steps, 1)):
-            _train_step(config, model_config, model, optimizer, step)
+        _train_step(config, model_config, model, optimizer, 0)  # warm-up: one is as good as any number
         tracker = _ObservingTracker(mod=model, optm=optimizer)
         tracker.observe = observe
         handle = optimizer.register_step_pre_hook(
