@@ -1,4 +1,5 @@
-"""The database: one engine per app, one session per request, the schema in one place.
+"""The database: one engine per app, one session per request, the schema in one place, and
+DirectStatement for a hot path that SQLAlchemy's per-call machinery would slow.
 
 Any SQLAlchemy URL works (`DATABASE_URL` in the config, or `STUDYAPP_DATABASE_URL`);
 the default is an SQLite file in the Flask instance folder.
@@ -6,9 +7,17 @@ the default is an SQLite file in the Flask instance folder.
 
 from __future__ import annotations
 
+import weakref
+from collections import namedtuple
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
 from flask import Flask, current_app, g
 from sqlalchemy import event
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Dialect, Engine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql import Executable
 from sqlmodel import Session, create_engine
 
 from studyapp import migrate
@@ -37,6 +46,79 @@ def make_engine(url: str) -> Engine:
         cursor.close()
 
     return engine
+
+
+@dataclass
+class _Compiled:
+    """A statement as one dialect runs it: its SQL, the bound values in the order the driver takes
+    them, each with SQLAlchemy's conversion for that dialect (None: passed as it is)."""
+
+    sql: str
+    binds: list[tuple[str, Callable[[Any], Any] | None]]  # each bound value's name and conversion
+    driver_names: list[str] | None  # a dialect with named parameters: the names as the SQL spells them
+    row_processors: list[Callable[[Any], Any] | None] | None = None  # set on the first result
+
+
+class DirectStatement:
+    """A Core statement run straight on the driver's cursor of a connection already in a transaction,
+    for a hot path: the same SQL and the same stored and loaded values as `connection.execute`
+    (compiled by SQLAlchemy once per dialect, each value through that dialect's type processors),
+    without the per-call machinery (execution context, events, result objects) that costs more than
+    the statement itself. Driver errors come out as SQLAlchemy's (IntegrityError, OperationalError).
+    Only for statements whose values are all named bind parameters."""
+
+    def __init__(self, statement: Executable, column_keys: list[str] | None = None):
+        self.statement = statement
+        self.column_keys = column_keys  # an INSERT without .values(): the columns it sets
+        self.columns = list(statement.exported_columns)  # what a SELECT or RETURNING gives back
+        self.row = namedtuple("Row", [column.key for column in self.columns]) if self.columns else None
+        self._compiled: weakref.WeakKeyDictionary[Dialect, _Compiled] = weakref.WeakKeyDictionary()
+
+    def rows(self, connection: Connection, params: Mapping[str, Any]) -> list:
+        """The rows it returns (a SELECT, or RETURNING), as named tuples."""
+        compiled, cursor = self._run(connection, params)
+        try:
+            fetched = cursor.fetchall()
+            if compiled.row_processors is None:  # they may depend on the type the driver reports
+                dialect = connection.dialect
+                compiled.row_processors = [
+                    column.type.dialect_impl(dialect).result_processor(dialect, described[1])
+                    for column, described in zip(self.columns, cursor.description, strict=True)
+                ]
+        finally:
+            cursor.close()
+        processors = compiled.row_processors
+        return [self.row(*[value if p is None else p(value) for p, value in zip(processors, row, strict=True)])
+                for row in fetched]
+
+    def rowcount(self, connection: Connection, params: Mapping[str, Any]) -> int:
+        """How many rows it changed (an UPDATE or DELETE)."""
+        _, cursor = self._run(connection, params)
+        try:
+            return cursor.rowcount
+        finally:
+            cursor.close()
+
+    def _run(self, connection: Connection, params: Mapping[str, Any]):
+        dialect = connection.dialect
+        compiled = self._compiled.get(dialect) or self._compile(dialect)
+        values = [params[name] if p is None else p(params[name]) for name, p in compiled.binds]
+        parameters = tuple(values) if compiled.driver_names is None else dict(zip(compiled.driver_names, values, strict=True))
+        cursor = connection.connection.cursor()
+        try:
+            cursor.execute(compiled.sql, parameters)
+        except dialect.loaded_dbapi.Error as error:
+            cursor.close()
+            raise DBAPIError.instance(compiled.sql, parameters, error, dialect.loaded_dbapi.Error) from error
+        return compiled, cursor
+
+    def _compile(self, dialect: Dialect) -> _Compiled:
+        compiled = self.statement.compile(dialect=dialect, column_keys=self.column_keys)
+        names = list(compiled.positiontup) if dialect.positional else list(compiled.binds)
+        binds = [(name, compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect)) for name in names]
+        driver_names = None if dialect.positional else [compiled.escaped_bind_names.get(name, name) for name in names]
+        self._compiled[dialect] = entry = _Compiled(compiled.string, binds, driver_names)
+        return entry
 
 
 def upgrade_schema(engine: Engine) -> None:

@@ -20,6 +20,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlmodel import Session, select
 
 from studyapp import sm2
+from studyapp.db import DirectStatement
 from studyapp.models import Card, ReviewLog
 from studyapp.sm2 import allowed_qualities
 
@@ -202,14 +203,14 @@ def next_card(session: Session, now: datetime, settings: StudySettings, deck_id:
 # --- Grading and undo -------------------------------------------------------------------
 
 
-# Built once: grading is the app's hot path, and building SQL expressions (and ORM objects)
-# costs more there than running the statements.
-_CARD_TO_GRADE = select(
+# Built once and run on the driver's cursor (db.DirectStatement): grading is the app's hot path,
+# and SQLAlchemy's per-call execution machinery costs more there than the statements themselves.
+_CARD_TO_GRADE = DirectStatement(select(
     Card.id, Card.question_id, Card.choices, Card.answer, Card.retired, Card.repetitions, Card.easiness,
     Card.interval, Card.due_day, Card.repeat_day, Card.last_reviewed_at, Card.version,
-).where(Card.id == bindparam("card_id"))
+).where(Card.id == bindparam("card_id")))
 # Applies a grade only if the card is still at the version that was shown.
-_ADVANCE_CARD = (
+_ADVANCE_CARD = DirectStatement(
     update(Card)
     .where(Card.id == bindparam("card_id"), Card.version == bindparam("expected_version"))
     .values(
@@ -222,7 +223,9 @@ _ADVANCE_CARD = (
         version=bindparam("new_version"),
     )
 )
-_APPEND_LOG = ReviewLog.__table__.insert()
+_LOG_COLUMNS = [column.key for column in ReviewLog.__table__.columns if column.key != "id"]  # _review_log's keys
+# RETURNING, on SQLite (3.35+) as on PostgreSQL: one way to learn the new row's id everywhere.
+_APPEND_LOG = DirectStatement(ReviewLog.__table__.insert().returning(ReviewLog.__table__.c.id), _LOG_COLUMNS)
 
 
 def submission_id(card_id: int, version: int) -> str:
@@ -268,7 +271,7 @@ def grade(
     """
     sid = submission_id(card_id, version)
     connection = session.connection()
-    card = connection.execute(_CARD_TO_GRADE, {"card_id": card_id}).first()
+    card = next(iter(_CARD_TO_GRADE.rows(connection, {"card_id": card_id})), None)
     if card is None:
         session.rollback()
         raise ReviewRejected(f"there is no card {card_id}", status=404)
@@ -286,8 +289,8 @@ def grade(
         session.rollback()
         raise
     try:
-        changed = connection.execute(
-            _ADVANCE_CARD,
+        changed = _ADVANCE_CARD.rowcount(
+            connection,
             {
                 "card_id": card_id,
                 "expected_version": version,
@@ -299,10 +302,10 @@ def grade(
                 "new_last_reviewed_at": log["reviewed_at"],
                 "new_version": version + 1,
             },
-        ).rowcount
+        )
         if changed != 1:
             raise ReviewConflict()
-        log_id = connection.execute(_APPEND_LOG, log).inserted_primary_key[0]
+        (log_id,) = _APPEND_LOG.rows(connection, log)[0]
         session.commit()
     except (ReviewConflict, IntegrityError, OperationalError):
         # Lost a race: if it was against this same submission, that one counts.

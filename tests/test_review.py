@@ -9,12 +9,15 @@ from zoneinfo import ZoneInfoNotFoundError
 
 import pytest
 from conftest import T0
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from studyapp import sm2
 from studyapp.db import get_engine
 from studyapp.models import Card, ReviewLog
 from studyapp.study import (
+    _APPEND_LOG,
+    _CARD_TO_GRADE,
     ReviewConflict,
     ReviewRejected,
     Schedule,
@@ -212,6 +215,38 @@ def test_grading_logs_the_state_before_and_after(session):
     assert stored.state == sm2.review(None, 4)
     assert stored.due_day == study_day(T0, UTC_SETTINGS) + timedelta(days=1)
     assert stored.version == shown_version + 1
+
+
+def test_grading_stores_and_reads_what_sqlalchemy_would(session):
+    """grade runs its statements on the driver's cursor (db.DirectStatement): the rows it writes read
+    back through the ORM as the values it returned, and its read of a card equals SQLAlchemy's."""
+    card = card_by_qid(session, "alpha-gather")
+    first = answer(session, card, right=False, quality=1, now=T0 + timedelta(seconds=1.5))  # a repeat due today
+    stored = session.get(ReviewLog, first.log.id)
+    assert stored.model_dump() == first.log.model_dump()
+    card = card_by_qid(session, "alpha-gather")
+    assert (card.due_day, card.repeat_day, card.last_reviewed_at, card.version) == (
+        first.log.after_due_day, first.log.after_repeat_day, first.log.reviewed_at, 1)
+    connection = session.connection()
+    direct = _CARD_TO_GRADE.rows(connection, {"card_id": card.id})
+    assert [tuple(row) for row in direct] == [tuple(connection.execute(_CARD_TO_GRADE.statement, {"card_id": card.id}).one())]
+    assert isinstance(direct[0].choices, list) and direct[0].last_reviewed_at == T0 + timedelta(seconds=1.5)
+    session.rollback()
+    second = answer(session, card, right=True, quality=5, now=T0 + timedelta(minutes=1))
+    assert session.get(ReviewLog, second.log.id).model_dump() == second.log.model_dump()
+    assert second.log.before_last_reviewed_at == T0 + timedelta(seconds=1.5) and second.log.is_repeat
+
+
+def test_a_driver_error_on_the_direct_path_is_sqlalchemys(session):
+    """grade's race handling catches SQLAlchemy's IntegrityError; the direct path raises it too."""
+    card = card_by_qid(session, "alpha-gather")
+    first = answer(session, card, right=True, quality=5)
+    again = {**first.row, "card_id": card.id}
+    del again["id"]
+    with pytest.raises(IntegrityError):  # the same submission id twice
+        _APPEND_LOG.rows(session.connection(), again)
+    session.rollback()
+    assert len(session.exec(select(ReviewLog)).all()) == 1
 
 
 def test_the_server_decides_correctness_and_enforces_the_grade_range(session):
