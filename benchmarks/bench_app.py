@@ -1,7 +1,8 @@
 """The study app under load, measured side by side in one run:
 
 (a) review-submit throughput on a 100,000-card deck, as a ratio to a bare Flask endpoint
-    served by the same server process (same WSGI stack, CSRF check and HTTP client);
+    served by the same server process (same WSGI stack, CSRF check and HTTP client); beside it,
+    as its floor, the bare endpoint plus nothing but the durable write a grade makes;
 (b) the time to fetch the next due card at 100,000 cards over the time at 1,000 cards
     (an index lookup stays flat; a scan would grow 100x).
 """
@@ -29,6 +30,7 @@ from studyapp.study import StudySettings, next_card, study_day
 
 BIG, SMALL = 100_000, 1_000
 SUBMITS_PER_ROUND, ROUNDS = 100, 9  # interleaved, so drift on a shared machine hits both alike
+FLOOR_CARDS = 50_000  # the floor's writes go to cards from here on, away from the submits' cards
 FETCHES = 400
 NOW = datetime(2026, 3, 2, 12, tzinfo=timezone.utc)
 SETTINGS = StudySettings(timezone="UTC")
@@ -72,19 +74,54 @@ def build_database(path: Path, cards: int) -> str:
     return url
 
 
+# The floor's write: what a grade writes (read the card, advance it, append its log row), in SQL.
+FLOOR_READ = "SELECT id, choices, answer, repetitions, easiness, interval, due_day, version FROM card WHERE id = ?"
+FLOOR_ADVANCE = ("UPDATE card SET repetitions = ?, easiness = ?, interval = ?, due_day = ?, repeat_day = ?, "
+                 "last_reviewed_at = ?, version = version + 1 WHERE id = ?")
+FLOOR_LOG = (
+    "INSERT INTO reviewlog (card_id, submission_id, reviewed_at, study_day, quality, choice, correct, is_repeat, "
+    "was_new, before_repetitions, before_easiness, before_interval, before_due_day, before_repeat_day, "
+    "before_last_reviewed_at, after_repetitions, after_easiness, after_interval, after_due_day, after_repeat_day, "
+    "undone_at, duration_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id"
+)
+
+
 def _serve(database_url: str, instance: str, port_queue) -> None:
-    """The server process: the study app plus a bare endpoint, on the server `studyapp serve` runs
-    (waitress; its access log off, for both alike)."""
+    """The server process: the study app plus a bare endpoint and the floor's endpoint, on the server
+    `studyapp serve` runs (waitress; its access log off, for all alike)."""
+    import itertools
+
     from flask import request
 
     from studyapp import create_app
     from studyapp.cli.serve import make_server
+    from studyapp.db import get_engine
 
     app = create_app({"DATABASE_URL": database_url, "SECRET_KEY": "bench", "TIMEZONE": "UTC", "CLOCK": lambda: NOW},
                      instance_path=instance)
 
     @app.post("/bench/bare")
     def bare():
+        return request.form.get("quality", "")
+
+    floor_cards = itertools.count(FLOOR_CARDS)
+
+    @app.post("/bench/write")
+    def write():
+        """The bare endpoint plus the durable write a grade makes, straight on the driver's connection
+        (the app's pooled one) and committed: no app code, no SQLAlchemy. The floor of a submit."""
+        card_id = next(floor_cards)
+        now, day = NOW.strftime("%Y-%m-%d %H:%M:%S.%f"), TODAY.isoformat()
+        connection = get_engine().raw_connection()
+        try:
+            cursor = connection.cursor()
+            cursor.execute(FLOOR_READ, (card_id,)).fetchone()
+            cursor.execute(FLOOR_ADVANCE, (3, 2.6, 15, day, None, now, card_id))
+            cursor.execute(FLOOR_LOG, (card_id, f"floor-{card_id}", now, day, 5, 0, True, False, False, 2, 2.5, 6,
+                                       day, None, None, 3, 2.6, 15, day, None, None, None)).fetchone()
+            connection.commit()
+        finally:
+            connection.close()
         return request.form.get("quality", "")
 
     @app.get("/bench/token")
@@ -107,8 +144,8 @@ def _post(port: int, path: str, body: dict, cookie: str) -> int:
     return response.status
 
 
-def submit_throughput(folder: Path) -> list[tuple[float, float]]:
-    """Requests per second of (review submits, bare endpoint) for each round, the two interleaved."""
+def submit_throughput(folder: Path) -> list[tuple[float, float, float]]:
+    """Requests per second of (review submits, bare endpoint, the floor) for each round, interleaved."""
     url = build_database(folder / "big.sqlite3", BIG)
     context = multiprocessing.get_context("spawn")
     ports = context.Queue()
@@ -134,7 +171,12 @@ def submit_throughput(folder: Path) -> list[tuple[float, float]]:
             for _ in range(SUBMITS_PER_ROUND):
                 body = {"csrf_token": token, "card_id": card_id, "version": 0, "choice": 0, "quality": 5}
                 assert _post(port, "/bench/bare", body, cookie) == 200
-            rounds.append((submit_rate, SUBMITS_PER_ROUND / (time.perf_counter() - started)))
+            bare_rate = SUBMITS_PER_ROUND / (time.perf_counter() - started)
+            started = time.perf_counter()
+            for _ in range(SUBMITS_PER_ROUND):
+                body = {"csrf_token": token, "card_id": card_id, "version": 0, "choice": 0, "quality": 5}
+                assert _post(port, "/bench/write", body, cookie) == 200
+            rounds.append((submit_rate, bare_rate, SUBMITS_PER_ROUND / (time.perf_counter() - started)))
         return rounds
     finally:
         server.terminate()
@@ -169,9 +211,11 @@ def run() -> list[Figure]:
             big.append(fetch_time(big_url))
     small_s, big_s = min(small), min(big)
     # The median of the per-round ratios: a burst of load from elsewhere spoils a round, not the figure.
-    ratio = statistics.median(submit / bare for submit, bare in rounds)
-    submits = statistics.median(submit for submit, _ in rounds)
-    bare = statistics.median(bare for _, bare in rounds)
+    ratio = statistics.median(submit / bare for submit, bare, _ in rounds)
+    submits = statistics.median(submit for submit, _, _ in rounds)
+    bare = statistics.median(bare for _, bare, _ in rounds)
+    floor_ratio = statistics.median(write / bare for _, bare, write in rounds)
+    writes = statistics.median(write for _, _, write in rounds)
     return [
         Figure(
             "app: review submits/s on 100k cards / bare Flask endpoint",
@@ -179,7 +223,8 @@ def run() -> list[Figure]:
             "x",
             ">= 0.8",
             f"median of {ROUNDS} interleaved rounds of {SUBMITS_PER_ROUND}: {submits:.0f} submits/s against "
-            f"{bare:.0f} bare requests/s on the same server",
+            f"{bare:.0f} bare requests/s on the same server; floor: the bare endpoint plus only a grade's "
+            f"committed write, on the driver, {writes:.0f}/s ({floor_ratio:.2f}x)",
         ),
         Figure(
             "app: next-due-card fetch, 100k cards / 1k cards",
