@@ -1,15 +1,19 @@
 """Labs in the app: the JSON API, the queue and its worker, timeouts, restart recovery, run-all.
 
 Most tests run a fake lab CLI (tests/data/fake_sharding_lab.py) through the real subprocess path;
-test_a_real_lab_runs_end_to_end_and_the_web_process_never_imports_torch runs the real one.
+test_a_real_lab_runs_end_to_end_and_the_web_process_never_imports_torch runs the real one. The device
+choice asks a fake detection command (LAB_DEVICES_COMMAND) for GPUs this machine may not have, and the
+real one (studyapp.lab_runs.devices) for what this machine has.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -21,7 +25,8 @@ from sqlmodel import Session, select
 from sharding_lab.labs.registry import LABS
 from studyapp import create_app, lab_runs
 from studyapp.db import get_engine
-from studyapp.lab_runs import INTERRUPTED, SHUTDOWN, start_worker
+from studyapp.lab_runs import INTERRUPTED, SHUTDOWN, devices, start_worker
+from studyapp.lab_runs.process import lab_argv
 from studyapp.models import LabRun
 from studyapp.safe_svg import UnsafeSvg, clean_svg
 
@@ -101,7 +106,7 @@ def test_post_queues_a_run_202_and_its_status_reads_back(client, csrf_token, app
     assert response.headers["Location"].endswith(f"/labs/runs/{run_id}")
     body = status(client, run_id)
     assert body["status"] == "queued" and body["result"] is None and body["queue_position"] == 0
-    assert body["lab_id"] == LAB and body["params"] == {"world_size": 2}
+    assert body["lab_id"] == LAB and body["params"] == {"world_size": 2, "device": "cpu"}
     # The same run asked for again (a double click) is the same run, not a second one.
     assert post_run(client, csrf_token, world_size=2).get_json()["run_id"] == run_id
     assert post_run(client, csrf_token, world_size=4).get_json()["run_id"] != run_id
@@ -130,7 +135,7 @@ def test_a_world_size_outside_the_allowed_set_is_400_and_queues_nothing(client, 
 
 def test_free_form_arguments_are_refused(client, csrf_token, app):
     response = post_run(client, csrf_token, world_size=2, extra="--device cuda")
-    assert response.status_code == 400 and "takes only world_size" in response.get_json()["error"]
+    assert response.status_code == 400 and "takes only world_size and device" in response.get_json()["error"]
     response = client.post(f"/labs/{LAB}/runs", data="[2]", content_type="application/json",
                            headers={"X-CSRF-Token": csrf_token})
     assert response.status_code == 400 and "JSON object" in response.get_json()["error"]
@@ -151,7 +156,7 @@ def test_the_form_post_queues_and_returns_to_the_lab_page(client, csrf_token, ap
     assert response.status_code == 303 and response.headers["Location"].endswith(f"/labs/{LAB}")
     page = client.get(f"/labs/{LAB}").get_data(as_text=True)
     assert "Run #1 is queued" in page and 'data-active-run="/labs/runs/1"' in page
-    assert [(run.status, run.params) for run in runs(app)] == [("queued", {"world_size": 4})]
+    assert [(run.status, run.params) for run in runs(app)] == [("queued", {"world_size": 4, "device": "cpu"})]
 
 
 # --- the worker ------------------------------------------------------------------------------
@@ -354,7 +359,8 @@ def test_labs_run_all_stores_every_lab_and_export_anki_uses_the_results(app, run
     assert f"{len(LABS)} of {len(LABS)} claims held" in result.output
     stored = runs(app)
     assert [run.lab_id for run in stored] == list(LABS)
-    assert all(run.status == "done" and run.params == {"world_size": 4} and run.finished_at for run in stored)
+    assert all(run.status == "done" and run.params == {"world_size": 4, "device": "cpu"} and run.finished_at
+               for run in stored)
 
     from studyapp.anki import ALL_DECKS_FILE, read_package
 
@@ -425,3 +431,167 @@ def test_the_labs_index_says_which_claims_held(client, runner, app):
     assert runner.invoke(args=["labs", "run-all"]).exit_code == 0
     page = client.get("/labs").get_data(as_text=True)
     assert page.count('<span class="tag">held</span>') == len(LABS) and "did NOT hold" not in page
+
+
+# --- the device ----------------------------------------------------------------------------------
+
+# A stand-in for `python -m sharding_lab.engine.devices`: waits for a gate file (when given), then
+# fails with a message (when given) or reports `gpus` fake GPUs.
+FAKE_DEVICES = """
+import json, pathlib, sys, time
+gate, gpus, fail = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+while gate and not pathlib.Path(gate).exists():
+    time.sleep(0.02)
+if fail:
+    sys.exit(print("Traceback (most recent call last):", fail, sep="\\n", file=sys.stderr) or 1)
+print(json.dumps({"cuda_gpus": gpus, "gpu_names": ["Fake GPU"] * gpus, "torch_version": "9.9.0+fake",
+                  "cuda_version": "13.0" if gpus else None}))
+"""
+
+
+def devices_command(gpus: int = 0, gate: str = "", fail: str = "") -> list[str]:
+    """LAB_DEVICES_COMMAND for a machine with `gpus` fake GPUs (answers are kept per command)."""
+    return [sys.executable, "-c", FAKE_DEVICES, gate, str(gpus), fail]
+
+
+def installed_torch_version() -> str:
+    done = subprocess.run([sys.executable, "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_cuda_is_offered_once_a_lab_process_has_found_a_gpu_and_refused_while_it_looks(client, csrf_token, app,
+                                                                                        tmp_path):
+    gate = tmp_path / "answer-now"
+    app.config["LAB_DEVICES_COMMAND"] = devices_command(gpus=1, gate=str(gate))
+    page = client.get(f"/labs/{LAB}").get_data(as_text=True)
+    assert "Looking for GPUs in a lab process…" in page
+    assert '<option value="cpu">CPU ranks (gloo)</option>' in page and 'value="cuda"' not in page
+    refused = post_run(client, csrf_token, world_size=2, device="cuda")
+    assert refused.status_code == 409
+    assert refused.get_json()["error"] == ("device cuda asked while a lab process is still looking for GPUs on this "
+                                           "machine (detection is under way); try again in a few seconds, or use cpu.")
+    assert post_run(client, csrf_token, world_size=2, device="cpu").status_code == 202  # cpu needs no detection
+
+    gate.touch()
+    assert devices.probe(app).wait(20).devices.cuda_gpus == 1
+    page = client.get(f"/labs/{LAB}").get_data(as_text=True)
+    assert "Looking for GPUs" not in page
+    assert '<option value="cuda">CUDA: 1 GPU (Fake GPU)</option>' in page
+    assert "On CUDA (torch 9.9.0+fake, CUDA 13.0):" in page
+    assert "<li>2 ranks on cuda: this machine has 1 GPU (Fake GPU): 2 real ranks share cuda:0 over gloo</li>" in page
+    assert "<li>4 ranks on cuda: this machine has 1 GPU (Fake GPU): 4 real ranks share cuda:0 over gloo</li>" in page
+
+    on_gpu = post_run(client, csrf_token, world_size=2, device="cuda")
+    assert on_gpu.status_code == 202
+    run_id = on_gpu.get_json()["run_id"]
+    assert status(client, run_id)["params"] == {"world_size": 2, "device": "cuda"}
+    assert post_run(client, csrf_token, world_size=2, device="cuda").get_json()["run_id"] == run_id  # a double click
+    form = client.post(f"/labs/{LAB}/runs", data={"csrf_token": csrf_token, "world_size": "4", "device": "cuda"})
+    assert form.status_code == 303
+    assert [run.params for run in runs(app)] == [{"world_size": 2, "device": "cpu"}, {"world_size": 2, "device": "cuda"},
+                                                 {"world_size": 4, "device": "cuda"}]
+
+
+def test_a_detection_that_fails_is_shown_plainly_and_cuda_is_refused(client, csrf_token, app):
+    app.config["LAB_DEVICES_COMMAND"] = devices_command(fail="ModuleNotFoundError: No module named 'torch'")
+    client.get(f"/labs/{LAB}")
+    error = devices.probe(app).wait(20).error
+    assert error == ("could not ask torch for GPUs: the lab process exited with status 1: "
+                     "ModuleNotFoundError: No module named 'torch'")
+    page = html.unescape(client.get(f"/labs/{LAB}").get_data(as_text=True))
+    assert f'<p class="error">{error}. Labs run on CPU ranks.</p>' in page and 'value="cuda"' not in page
+    refused = post_run(client, csrf_token, world_size=2, device="cuda")
+    assert refused.status_code == 400 and refused.get_json()["error"] == f"device cuda asked, but {error}; use cpu."
+    assert runs(app) == []
+
+    app.config["LAB_DEVICES_COMMAND"] = [sys.executable, "-c", "print('no GPUs here')"]
+    assert devices.probe(app).wait(20).error == (
+        "could not ask torch for GPUs: the lab process answered 'no GPUs here', not its devices "
+        "(Expecting value: line 1 column 1 (char 0))")
+
+
+@pytest.mark.parametrize("device", ["tpu", "CUDA", "cuda:0", "", None, 1, ["cuda"], {"cuda": 1}, "cpu; rm -rf /"])
+def test_an_unknown_device_is_400_naming_the_choices_and_queues_nothing(client, csrf_token, app, device):
+    response = post_run(client, csrf_token, world_size=2, device=device)
+    assert response.status_code == 400
+    assert response.get_json()["error"] == f"device must be one of cpu, cuda, got {str(device)[:40]!r}."
+    assert runs(app) == []
+
+
+@pytest.mark.slow  # asks the real torch, in two processes
+def test_cuda_is_refused_where_the_lab_process_sees_no_gpu(client, csrf_token, app):
+    assert app.config["LAB_DEVICES_COMMAND"] is None  # the real detection: `python -m sharding_lab.engine.devices`
+    found = devices.probe(app).wait(90)
+    assert found.error is None, found.error
+    if found.devices.cuda_gpus:
+        pytest.skip("this machine has a GPU: cuda is offered (tests/test_lab_devices.py's gpu test)")
+    torch_version = installed_torch_version()
+    assert found.devices.torch_version == torch_version and found.devices.devices == ("cpu",)
+    refused = post_run(client, csrf_token, world_size=2, device="cuda")
+    assert refused.status_code == 400
+    assert refused.get_json()["error"] == (
+        f"device cuda asked, but the lab process sees no CUDA GPU on this machine (torch {torch_version}); use cpu.")
+    page = client.get(f"/labs/{LAB}").get_data(as_text=True)
+    assert f"The lab process sees no CUDA GPU on this machine (torch {torch_version}): labs run on CPU ranks." in page
+    assert 'value="cuda"' not in page and runs(app) == []
+
+
+@pytest.mark.slow  # asks the real torch
+def test_the_web_process_never_imports_torch_while_detecting(tmp_path):
+    """A fresh interpreter, so that torch imported by other tests cannot hide an import by the app."""
+    script = textwrap.dedent(f"""
+        import json, sys
+        from studyapp import create_app
+        from studyapp.lab_runs import devices
+        app = create_app({{"TESTING": True, "DATABASE_URL": "sqlite:///{tmp_path}/t.db", "SECRET_KEY": "x"}},
+                         instance_path="{tmp_path}/instance")
+        client = app.test_client()
+        first = client.get("/labs/{LAB}").get_data(as_text=True)
+        found = devices.probe(app).wait(90)
+        second = client.get("/labs/{LAB}").get_data(as_text=True)
+        print(json.dumps({{"pending_first": "Looking for GPUs in a lab process" in first,
+                          "found": found.devices.to_json() if found.devices else found.error,
+                          "offered_after": "sees no CUDA GPU" in second or 'value="cuda"' in second,
+                          "torch": sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))}}))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=150, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["pending_first"] and report["offered_after"]
+    assert json.loads(report["found"])["torch_version"] == installed_torch_version()
+    assert report["torch"] == []  # torch was asked in a lab process, never imported by the web one
+
+
+def test_a_run_stores_its_device_and_a_row_from_before_devices_means_cpu(app):
+    engine = get_engine(app)
+    at = datetime(2026, 3, 2, 12, 0, tzinfo=timezone.utc)
+    with Session(engine) as session:
+        session.add(LabRun(lab_id=LAB, params={"world_size": 2}, status="queued", created_at=at))
+        session.commit()
+    old = runs(app)[0]
+    assert lab_runs.enqueue(engine, LAB, 2).id == old.id  # the same run: it ran on cpu
+    on_gpu = lab_runs.enqueue(engine, LAB, 2, "cuda")
+    assert on_gpu.id != old.id and on_gpu.params == {"world_size": 2, "device": "cuda"}
+    with pytest.raises(ValueError, match=r"unknown device 'tpu'; choose one of cpu, cuda"):
+        lab_runs.enqueue(engine, LAB, 2, "tpu")
+    assert lab_argv(["sl"], LAB, 2, "cuda") == ["sl", "run", LAB, "--world-size", "2", "--device", "cuda", "--json"]
+    assert lab_argv(["sl"], LAB, 4) == ["sl", "run", LAB, "--world-size", "4", "--device", "cpu", "--json"]
+    with pytest.raises(ValueError, match="unknown device"):
+        lab_argv(["sl"], LAB, 2, "cuda --fail 3")
+
+
+@launches
+def test_a_cuda_run_passes_its_device_to_the_lab_and_the_page_names_the_gpu(client, csrf_token, app, start):
+    app.config["LAB_DEVICES_COMMAND"] = devices_command(gpus=1)
+    client.get(f"/labs/{LAB}")
+    devices.probe(app).wait(20)
+    run_id = post_run(client, csrf_token, world_size=2, device="cuda").get_json()["run_id"]
+    start()
+    body = finished(client, run_id)
+    assert body["status"] == "done", body.get("error")
+    assert body["result"]["config"]["device"] == "cuda:0" and body["result"]["config"]["gpu_name"] == "Fake GPU"
+    page = client.get(f"/labs/{LAB}").get_data(as_text=True)
+    assert "2 ranks, cuda:0 (Fake GPU), torch fake, CUDA 13.0</span>" in page  # the latest result
+    assert "<td>cuda (Fake GPU, CUDA 13.0)</td>" in page  # the past runs

@@ -1,19 +1,22 @@
 """The app's lab server (studyapp.lab_runs.server): one long-lived child answers every run (the warm
 ranks live in it), a run past its timeout or a stop kills the child's whole group, a child that dies
 fails its run clearly and the next run starts a fresh one. Runs the fake tests/data/fake_lab_server.py;
-tests/test_sharding_pool.py and test_lab_runs' real-lab test cover the real `sharding-lab serve-labs`."""
+tests/test_sharding_pool.py, test_lab_runs' real-lab test and the last test here cover the real
+`sharding-lab serve-labs`."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from test_lab_runs import finished, post_run, process_gone, wait_for
+from test_lab_runs import devices_command, finished, post_run, process_gone, wait_for
 
-from studyapp.lab_runs import RunStatus, start_worker
+from studyapp.lab_runs import RunStatus, devices, start_worker
 from studyapp.lab_runs import worker as worker_module
-from studyapp.lab_runs.server import LabServer
+from studyapp.lab_runs.server import LabServer, server_argv
 
 FAKE_SERVER = Path(__file__).parent / "data" / "fake_lab_server.py"
 LAB = "adam-optimizer-state"
@@ -29,11 +32,15 @@ def test_one_child_answers_every_run():
     try:
         first = server.run(LAB, 2, timeout_s=30)
         pid = server.pid
-        second = server.run("what-fsdp-shards", 4, timeout_s=30)
+        second = server.run("what-fsdp-shards", 4, timeout_s=30, device="cuda")
         assert first.status == second.status == RunStatus.done
         assert first.result["finding"] == second.result["finding"] == f"served by {pid}"
-        assert second.result["lab"] == "what-fsdp-shards" and second.result["config"]["world_size"] == 4
+        assert first.result["config"] == {"world_size": 2, "device": "cpu"}  # the request carried the device
+        assert second.result["lab"] == "what-fsdp-shards" and second.result["config"] == {"world_size": 4, "device": "cuda"}
         assert server.run("no-such-lab", 2, timeout_s=30).status == RunStatus.failed
+        refused = server.run(LAB, 2, timeout_s=30, device="tpu")
+        assert refused.status == RunStatus.failed
+        assert refused.error == "could not start the lab: unknown device 'tpu'; choose one of cpu, cuda"
     finally:
         server.stop()
     assert process_gone(pid)
@@ -70,17 +77,39 @@ def test_a_child_that_dies_fails_its_run_clearly_and_an_engine_error_is_a_failed
 def test_the_worker_runs_on_the_lab_server_and_its_stop_leaves_nothing(client, csrf_token, app, monkeypatch, tmp_path):
     log = tmp_path / "fake.log"
     monkeypatch.setattr(worker_module, "server_argv", lambda idle_s, timeout_s: fake_server("--child", "--log", str(log)))
-    app.config.update(LAB_COMMAND=None, LAB_TIMEOUT_S=30)
+    app.config.update(LAB_COMMAND=None, LAB_TIMEOUT_S=30, LAB_DEVICES_COMMAND=devices_command(gpus=1))
+    client.get(f"/labs/{LAB}")
+    assert devices.probe(app).wait(20).devices.cuda_gpus == 1
     worker = start_worker(app)
     try:
         first = post_run(client, csrf_token, world_size=2).get_json()["run_id"]
         assert finished(client, first)["status"] == "done"
-        second = post_run(client, csrf_token, "what-fsdp-shards", world_size=2).get_json()["run_id"]
+        second = post_run(client, csrf_token, "what-fsdp-shards", world_size=2, device="cuda").get_json()["run_id"]
         body = finished(client, second)
         assert body["status"] == "done" and body["result"]["finding"] == f"served by {worker.lab_server.pid}"
+        assert body["result"]["config"]["device"] == "cuda"  # the worker passed the run's device on
         starts = [line for line in log.read_text().splitlines() if line.startswith("start")]
         assert len(starts) == 1, "both runs on one child"
     finally:
         worker.stop()
     pids = [int(line.split()[1]) for line in log.read_text().splitlines()]
     wait_for(lambda: all(process_gone(pid) for pid in pids), 10, "the lab server and its child gone")
+
+
+def test_the_real_lab_server_runs_a_lab_on_the_device_asked_and_refuses_an_unknown_one():
+    server = LabServer(server_argv(idle_timeout_s=60, timeout_s=240))
+    try:
+        outcome = server.run(LAB, 2, timeout_s=240, device="cpu")
+    finally:
+        server.stop()
+    assert outcome.status == RunStatus.done, outcome.error
+    config = outcome.result["config"]
+    assert outcome.result["holds"] is True and config["device"] == "cpu" and config["backend"] == "gloo"
+    assert config["world_size"] == 2 and config["torch_version"] and config["gpu_name"] is None
+
+    # What the web side never sends (LabServer.run refuses it first), the real server refuses too.
+    request = json.dumps({"lab": LAB, "world_size": 2, "device": "tpu"})
+    done = subprocess.run([sys.executable, "-m", "sharding_lab.cli", "serve-labs"], input=request + "\n",
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == {"error": "unknown device 'tpu'; choose one of cpu, cuda"}

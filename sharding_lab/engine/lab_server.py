@@ -3,11 +3,14 @@
 The study app's lab worker owns one of these as a child process (the web process itself never imports
 torch). Each request is one JSON line on stdin, each answer one JSON line on stdout:
 
-    {"lab": "reshard-after-forward", "world_size": 2}   ->   {"result": {the `sharding-lab run --json` object}}
-                                                         or   {"error": "rank 1 failed: ..."}
+    {"lab": "reshard-after-forward", "world_size": 2, "device": "cpu"}
+        ->   {"result": {the `sharding-lab run --json` object}}
+        or   {"error": "rank 1 failed: ..."}
 
-The ranks stay up between requests (`pool.Pools`: a pool per world size, started on its first lab and
-ended after `idle_timeout_s` without one), so a lab costs its own training steps. A rank that fails or
+"device" is one of run_config.DEVICES, "cpu" when absent.
+
+The ranks stay up between requests (`pool.Pools`: a pool per world size and device, started on its first
+lab and ended after `idle_timeout_s` without one), so a lab costs its own training steps. A rank that fails or
 hangs ends that request with an error; its pool is torn down and the next request starts a fresh one.
 The server ends when stdin closes, and dies with its parent, ranks included, even on SIGKILL.
 """
@@ -21,6 +24,7 @@ from typing import IO
 from sharding_lab.engine import launch
 from sharding_lab.engine.pool import IDLE_TIMEOUT_S, Pools
 from sharding_lab.labs.registry import LABS
+from sharding_lab.run_config import DEVICES
 
 
 def serve(requests: IO[str], answers: IO[str], *, idle_timeout_s: float | None = IDLE_TIMEOUT_S,
@@ -40,14 +44,17 @@ def answer(line: str, pools: Pools, timeout_s: float) -> dict:
     try:
         request = json.loads(line)
         lab_id, world_size = request["lab"], request["world_size"]
+        device = request.get("device", "cpu")
     except (ValueError, KeyError, TypeError) as error:
         return {"error": f"bad request {line.strip()[:200]!r}: {error}"}
-    if lab_id not in LABS:
+    if not isinstance(lab_id, str) or lab_id not in LABS:
         return {"error": f"unknown lab {lab_id!r}"}
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
         return {"error": f"world size must be a whole number of at least 2, got {world_size!r}"}
+    if not isinstance(device, str) or device not in DEVICES:
+        return {"error": f"unknown device {device!r}; choose one of {', '.join(DEVICES)}"}
     try:
-        return {"result": run_lab(lab_id, world_size, pools=pools, timeout_s=timeout_s)}
+        return {"result": run_lab(lab_id, world_size, device=device, pools=pools, timeout_s=timeout_s)}
     except Exception as error:  # noqa: BLE001 - a rank failed or hung, or the lab's code raised: an answer
         return {"error": f"the engine failed: {type(error).__name__}: {error}"}
 

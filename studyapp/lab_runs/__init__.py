@@ -4,7 +4,8 @@
     worker.py    the thread and the machine-wide lock that runs the queue; the LAB_* settings
     server.py    the lab server: one long-lived child, `sharding-lab serve-labs`, whose warm ranks run
                  every lab (the default)
-    process.py   one lab as a child process of its own: `LAB_COMMAND run LAB --world-size N --json`
+    process.py   one lab as a child process of its own: `LAB_COMMAND run LAB --world-size N --device D --json`
+    devices.py   the devices a lab can run on here (GPUs, torch and CUDA versions), asked of a lab process
 
 The web process never imports torch: a lab always runs in a child process.
 """

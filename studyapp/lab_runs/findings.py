@@ -61,17 +61,22 @@ def measured_date(result: Mapping[str, Any] | None) -> datetime | None:
 
 
 def where_measured(result: Mapping[str, Any] | None) -> list[str]:
-    """device, ranks, backend and torch version of a result, as short phrases."""
+    """device (and its GPU), ranks, backend, torch and CUDA versions of a result, as short phrases;
+    what the result does not record is left out."""
     config = (result or {}).get("config")
     if not isinstance(config, Mapping):
         return []
     where = [str(config["device"])] if config.get("device") else []
+    if config.get("gpu_name"):
+        where.append(str(config["gpu_name"]))
     if config.get("world_size") is not None:
         where.append(f"{config['world_size']} ranks")
     if config.get("backend"):
         where.append(str(config["backend"]))
     if config.get("torch_version"):
         where.append(f"torch {config['torch_version']}")
+    if config.get("cuda_version"):
+        where.append(f"CUDA {config['cuda_version']}")
     return where
 
 

@@ -1,8 +1,9 @@
-"""Run one lab in its own process group: `sharding-lab run LAB --world-size N --json`.
+"""Run one lab in its own process group: `sharding-lab run LAB --world-size N --device D --json`.
 
 The web process never imports torch: a lab is always a child process, started from a fixed argv
-list (no shell) built only from a registered lab id and a whole-number world size, and killed with
-its whole process group (the ranks it spawned included) when it overruns its timeout.
+list (no shell) built only from a registered lab id, a whole-number world size and a device of
+run_config.DEVICES, and killed with its whole process group (the ranks it spawned included) when it
+overruns its timeout.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sharding_lab.labs.registry import LABS  # metadata only: no torch
+from sharding_lab.run_config import DEVICES  # no torch
 from studyapp.models import LabRun, RunStatus
 
 STDERR_TAIL_CHARS = 2000  # enough for a traceback's end, small enough to store with every failure
@@ -27,13 +29,22 @@ def default_command() -> list[str]:
     return [sys.executable, "-m", "sharding_lab.cli"]
 
 
-def lab_argv(command: Sequence[str], lab_id: str, world_size: int) -> list[str]:
-    """The child's argv; refuses anything but a registered lab and a positive whole world size."""
+def run_params(params: dict[str, Any] | None) -> dict[str, Any]:
+    """A lab run's parameters with their defaults filled in: rows stored before runs had a device
+    ran on cpu."""
+    return {"device": "cpu", **(params or {})}
+
+
+def lab_argv(command: Sequence[str], lab_id: str, world_size: int, device: str = "cpu") -> list[str]:
+    """The child's argv; refuses anything but a registered lab, a positive whole world size and a
+    device of run_config.DEVICES."""
     if lab_id not in LABS:
         raise ValueError(f"unknown lab {lab_id!r}")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world size must be a positive whole number, got {world_size!r}")
-    return [*command, "run", lab_id, "--world-size", str(world_size), "--json"]
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+    return [*command, "run", lab_id, "--world-size", str(world_size), "--device", device, "--json"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +64,8 @@ def lab_outcome(
 ) -> Outcome:
     """Run a run's lab to its end; whatever goes wrong (even before it starts) is a failed outcome."""
     try:
-        argv = lab_argv(command, run.lab_id, int(run.params.get("world_size", 0)))
+        params = run_params(run.params)
+        argv = lab_argv(command, run.lab_id, int(params.get("world_size", 0)), params["device"])
         return run_lab_process(argv, run.lab_id, timeout_s, on_start=on_start)
     except (OSError, ValueError) as error:
         return Outcome(RunStatus.failed, error=f"could not start the lab: {error}")

@@ -17,7 +17,8 @@ from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from sharding_lab.labs.registry import LABS
-from studyapp.lab_runs.process import Outcome
+from sharding_lab.run_config import DEVICES
+from studyapp.lab_runs.process import Outcome, run_params
 from studyapp.models import LabRun, RunStatus
 
 ACTIVE = (RunStatus.queued, RunStatus.running)
@@ -39,15 +40,17 @@ def aware(moment: datetime | None) -> datetime | None:
 # --- moves ------------------------------------------------------------------------------------
 
 
-def enqueue(engine: Engine, lab_id: str, world_size: int) -> LabRun:
-    """Queue a run of a registered lab; the same lab and parameters already waiting or running is
-    that run (a double click queues nothing twice)."""
+def enqueue(engine: Engine, lab_id: str, world_size: int, device: str = "cpu") -> LabRun:
+    """Queue a run of a registered lab on `world_size` ranks on `device` (run_config.DEVICES); the same
+    lab and parameters already waiting or running is that run (a double click queues nothing twice)."""
     if lab_id not in LABS:
         raise ValueError(f"unknown lab {lab_id!r}")
-    params = {"world_size": world_size}
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}; choose one of {', '.join(DEVICES)}")
+    params = {"world_size": world_size, "device": device}
     with Session(engine, expire_on_commit=False) as session:
         for run in active_runs(session, lab_id):
-            if run.params == params:
+            if run_params(run.params) == params:
                 return run
         run = LabRun(lab_id=lab_id, params=params, status=RunStatus.queued, created_at=utcnow())
         session.add(run)
@@ -140,6 +143,6 @@ def expected_seconds(session: Session, run: LabRun) -> float | None:
         .limit(10)  # only the small columns: this runs on every poll
     )
     for params, started, finished in session.exec(query).all():
-        if params == run.params and started and finished:
+        if run_params(params) == run_params(run.params) and started and finished:
             return round((finished - started).total_seconds(), 1)
     return None

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Sequence
 
 from sharding_lab.labs.registry import LABS  # metadata only: no torch
+from sharding_lab.run_config import DEVICES  # no torch
 from studyapp.lab_runs.process import STDERR_TAIL_CHARS, Outcome, kill_group
 from studyapp.models import RunStatus
 
@@ -43,16 +44,20 @@ class LabServer:
     def pid(self) -> int | None:
         return self.process.pid if self.process is not None and self.process.poll() is None else None
 
-    def run(self, lab_id: str, world_size: int, timeout_s: float) -> Outcome:
-        """Run one lab on the server (started if none is up); the lab's JSON, or why it failed."""
+    def run(self, lab_id: str, world_size: int, timeout_s: float, device: str = "cpu") -> Outcome:
+        """Run one lab on `world_size` ranks on `device` on the server (started if none is up); the
+        lab's JSON, or why it failed."""
         if lab_id not in LABS:
             return Outcome(RunStatus.failed, error=f"could not start the lab: unknown lab {lab_id!r}")
         if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
             return Outcome(RunStatus.failed, error=f"could not start the lab: bad world size {world_size!r}")
+        if device not in DEVICES:
+            return Outcome(RunStatus.failed, error=f"could not start the lab: unknown device {device!r}; "
+                           f"choose one of {', '.join(DEVICES)}")
         try:
             process = self._started()
             self._stderr.clear()
-            process.stdin.write(json.dumps({"lab": lab_id, "world_size": world_size}) + "\n")
+            process.stdin.write(json.dumps({"lab": lab_id, "world_size": world_size, "device": device}) + "\n")
             process.stdin.flush()
         except OSError as error:
             self.stop()

@@ -12,7 +12,8 @@ set, each run is a process of its own (studyapp.lab_runs.process). Either way a 
 or a stop kills every process of it.
 
 Settings: LAB_TIMEOUT_S (seconds a run may take), LAB_WORLD_SIZES (the world sizes a run may ask
-for), LAB_COMMAND (argv prefix of a lab CLI run once per lab; tests point it at a fake), LAB_POOL_IDLE_S
+for), LAB_COMMAND (argv prefix of a lab CLI run once per lab; tests point it at a fake), LAB_DEVICES_COMMAND
+(argv of the command that asks torch, in a lab process, for the GPUs: see studyapp.lab_runs.devices), LAB_POOL_IDLE_S
 (seconds the lab server keeps idle ranks up), PLAN_SIMULATION_COMMAND (argv prefix of the `sharding-lab`
 CLI a plan simulation runs, see studyapp.lab_runs.plan_runs; tests point it at a fake), LAB_WORKER_AUTOSTART
 (start the worker on the first queued run; default on, off under TESTING, where tests start it).
@@ -36,7 +37,7 @@ from sqlmodel import Session
 
 from studyapp.db import get_engine
 from studyapp.lab_runs import plan_runs
-from studyapp.lab_runs.process import Outcome, default_command, kill_group, lab_outcome
+from studyapp.lab_runs.process import Outcome, default_command, kill_group, lab_outcome, run_params
 from studyapp.lab_runs.queue import ACTIVE, claim_next, fail_interrupted, finish, next_queued
 from studyapp.lab_runs.server import LabServer, server_argv
 from studyapp.models import LabRun, RunStatus
@@ -45,6 +46,7 @@ DEFAULTS: dict[str, Any] = {
     "LAB_TIMEOUT_S": 300.0,  # a lab takes 10-30 s at 2 ranks on a small CPU; 10x that is a hang
     "LAB_WORLD_SIZES": (2, 4),  # ranks are processes on this machine: more only slows a small one
     "LAB_COMMAND": None,  # None: the lab server's warm ranks; an argv prefix: one process per run
+    "LAB_DEVICES_COMMAND": None,  # None: this interpreter's `-m sharding_lab.engine.devices`
     "LAB_POOL_IDLE_S": 300.0,  # idle ranks hold a torch each in memory; a lab after that starts them again
     "LAB_WORKER_AUTOSTART": None,  # None: on, except under TESTING
     "PLAN_SIMULATION_COMMAND": None,  # None: this interpreter's `-m sharding_lab.cli`
@@ -185,7 +187,8 @@ class LabWorker:
         if self._stop.is_set():  # stop() came between the claim and the start
             return Outcome(RunStatus.failed, error=SHUTDOWN)
         try:
-            return self.lab_server.run(run.lab_id, int(run.params.get("world_size", 0)), timeout_s)
+            params = run_params(run.params)
+            return self.lab_server.run(run.lab_id, int(params.get("world_size", 0)), timeout_s, device=params["device"])
         except Exception as error:  # noqa: BLE001 - whatever went wrong, the row must not stay running
             self.lab_server.stop()
             return Outcome(RunStatus.failed, error=f"the runner failed: {type(error).__name__}: {error}")

@@ -57,7 +57,7 @@
       const response = await fetch(form.action, {
         method: "POST",
         headers: { Accept: "application/json", "Content-Type": "application/json", "X-CSRF-Token": token },
-        body: JSON.stringify({ world_size: Number(form.elements.world_size.value) }),
+        body: JSON.stringify({ world_size: Number(form.elements.world_size.value), device: form.elements.device.value }),
       });
       const body = await response.json();
       if (response.status !== 202) { say(body.error || "The run was refused (HTTP " + response.status + ")."); button.disabled = false; return; }

@@ -4,13 +4,16 @@ and the JSON API that runs it (through studyapp.lab_runs, never in this process)
     GET  /labs                          labs.index
     GET  /labs/<lab_id>                 labs.lab_page       claim, questions, "Run this lab", results
     GET  /labs/<lab_id>/results         labs.results        the results part alone (the page's JS swaps it in)
-    POST /labs/<lab_id>/runs            labs.start_run      202 {"run_id": ...}; a form post redirects back
-                                                            (429 past the per-session limit, when login is required)
+    POST /labs/<lab_id>/runs            labs.start_run      world_size and device (cpu, or cuda when the lab
+                                                            process sees a GPU): 202 {"run_id": ...}; a form post
+                                                            redirects back (429 past the per-session limit, when
+                                                            login is required)
     GET  /labs/runs/<run_id>            labs.run_status     {"status": ..., "result": {...}}
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from flask import Blueprint, abort, current_app, flash, jsonify, redirect, render_template, request, url_for
@@ -18,10 +21,12 @@ from sqlmodel import Session, select
 
 from sharding_lab.catalog import CATALOG, LabInfo, lab_info
 from sharding_lab.labs.registry import LABS
+from sharding_lab.run_config import DEVICES
 from studyapp.auth import limit_lab_runs
 from studyapp.csrf import FORM_FIELD
 from studyapp.db import get_engine, get_session
 from studyapp.lab_runs import RunStatus, enqueue, notify_queued, world_sizes
+from studyapp.lab_runs.devices import detection
 from studyapp.lab_runs.findings import LabFinding, lab_findings, measured_date, where_measured
 from studyapp.lab_runs.queue import ACTIVE, active_runs, aware, expected_seconds, queue_position, utcnow
 from studyapp.models import Card, LabRun
@@ -65,6 +70,8 @@ def lab_page(lab_id: str):
     cards = get_session().exec(select(Card).where(Card.lab == lab_id, Card.retired.is_(False)).order_by(Card.position)).all()
     synced = {card.question_id for card in cards}
     active = next(iter(active_runs(get_session(), lab_id)), None)
+    found = detection() if lab_id in LABS else None  # asked of a lab process, never of this one
+    on_gpu = found is not None and found.devices is not None and "cuda" in found.devices.devices
     return render_template(
         "labs/lab.html",
         lab=lab,
@@ -72,6 +79,8 @@ def lab_page(lab_id: str):
         unsynced=[qid for qid in lab.questions if qid not in synced],
         runnable=lab_id in LABS,
         world_sizes=world_sizes(),
+        detection=found,
+        cuda_notes=[found.devices.placement_note("cuda", size) for size in world_sizes()] if on_gpu else [],
         active=active,
         **_results(lab_id),
     )
@@ -106,7 +115,8 @@ def _results(lab_id: str) -> dict[str, Any]:
 def start_run(lab_id: str):
     if lab_id not in LABS:  # only registered labs run, whatever the catalogue lists
         abort(404, description=f"There is no runnable lab '{lab_id[:60]}'.")
-    run = enqueue(get_engine(), lab_id, _world_size())
+    asked = _run_request()
+    run = enqueue(get_engine(), lab_id, asked.world_size, asked.device)
     notify_queued(current_app._get_current_object())
     if _wants_json():
         response = jsonify(run_id=run.id, status=run.status, url=url_for("labs.run_status", run_id=run.id))
@@ -115,18 +125,31 @@ def start_run(lab_id: str):
     return redirect(url_for("labs.lab_page", lab_id=lab_id), code=303)
 
 
-def _world_size() -> int:
-    """The one parameter a run takes, from a JSON body or the form; anything else is refused."""
+@dataclass(frozen=True)
+class RunRequest:
+    """What a POST to start_run may ask for."""
+
+    world_size: int  # one of LAB_WORLD_SIZES
+    device: str  # "cpu", or "cuda" when the lab process sees a GPU
+
+
+def _run_request() -> RunRequest:
+    """The parameters a run takes, world_size and device, from a JSON body or the form; anything else
+    is refused (400, or 409 for cuda while the lab process is still being asked for its GPUs)."""
     if request.is_json:
         body = request.get_json(silent=True)
         if not isinstance(body, dict):
-            abort(400, description="The body must be a JSON object such as {\"world_size\": 2}.")
+            abort(400, description="The body must be a JSON object such as {\"world_size\": 2, \"device\": \"cpu\"}.")
     else:
         body = {key: value for key, value in request.form.items() if key != FORM_FIELD}
-    unknown = sorted(set(body) - {"world_size"})
+    unknown = sorted(set(body) - set(RunRequest.__dataclass_fields__))
     if unknown:
         abort(400, description=f"Unknown parameter(s): {', '.join(name[:40] for name in unknown[:5])}; "
-              "a lab run takes only world_size.")
+              "a lab run takes only world_size and device.")
+    return RunRequest(world_size=_world_size(body), device=_device(body.get("device", "cpu")))
+
+
+def _world_size(body: dict[str, Any]) -> int:
     allowed = world_sizes()
     raw = body.get("world_size", allowed[0])
     if isinstance(raw, str) and raw.strip().isascii() and raw.strip().isdigit() and len(raw.strip()) < 4:
@@ -134,6 +157,25 @@ def _world_size() -> int:
     if type(raw) is not int or raw not in allowed:  # not 2.0, not true
         abort(400, description=f"world_size must be one of {', '.join(map(str, allowed))}, got {str(raw)[:40]!r}.")
     return raw
+
+
+def _device(raw: Any) -> str:
+    """cpu always; cuda only when the lab process was found to see a GPU (asked, never guessed here)."""
+    if not isinstance(raw, str) or raw.strip() not in DEVICES:
+        abort(400, description=f"device must be one of {', '.join(DEVICES)}, got {str(raw)[:40]!r}.")
+    device = raw.strip()
+    if device == "cpu":
+        return device
+    found = detection()
+    if found.pending:
+        abort(409, description=f"device {device} asked while a lab process is still looking for GPUs on this "
+              "machine (detection is under way); try again in a few seconds, or use cpu.")
+    if found.error:
+        abort(400, description=f"device {device} asked, but {found.error}; use cpu.")
+    refusal = found.devices.refusal(device)
+    if refusal:
+        abort(400, description=f"{refusal}.")
+    return device
 
 
 @bp.get("/runs/<int:run_id>")

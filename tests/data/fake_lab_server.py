@@ -41,6 +41,6 @@ for index, line in enumerate(sys.stdin):
     else:
         answer = {"result": {"lab": request["lab"], "title": "Fake", "claim": "A fake claim.", "holds": True,
                              "finding": f"served by {os.getpid()}", "reasons": [], "table": {"columns": [], "rows": []},
-                             "charts": {}, "measurements": {}, "config": {"world_size": request["world_size"]},
+                             "charts": {}, "measurements": {}, "config": {"world_size": request["world_size"], "device": request.get("device")},
                              "duration_s": args.sleep}}
     print(json.dumps(answer), flush=True)

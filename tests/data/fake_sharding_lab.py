@@ -1,7 +1,8 @@
 """A stand-in for `sharding-lab` in the lab-queue tests: prints a lab's run JSON fast, or misbehaves
-on request. Options before `run` shape it; `run LAB --world-size N --json` is what the app passes.
+on request. Options before `run` shape it; `run LAB --world-size N --device D --json` is what the app
+passes (the device is echoed in the result's config; on "cuda" it names a fake GPU).
 
-    fake_sharding_lab.py [--sleep S] [--log FILE] [--child] [--fail N] [--holds no] [--chart SVG] run LAB --world-size N --json
+    fake_sharding_lab.py [--sleep S] [--log FILE] [--child] [--fail N] [--holds no] [--chart SVG] run LAB --world-size N [--device D] --json
 """
 
 import argparse
@@ -22,6 +23,7 @@ parser.add_argument("--finding", default="fake finding for {lab} at {n} ranks")
 parser.add_argument("command")
 parser.add_argument("lab")
 parser.add_argument("--world-size", type=int, required=True)
+parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
 parser.add_argument("--json", action="store_true")
 args = parser.parse_args()
 assert args.command == "run" and args.json
@@ -54,7 +56,8 @@ print(json.dumps({
     "table": {"columns": ["part", "bytes"], "rows": [["params", 240384], ["grads", 120192]]},
     "charts": {"memory": args.chart},
     "measurements": {},
-    "config": {"world_size": args.world_size, "device": "cpu", "torch_version": "fake"},
+    "config": {"world_size": args.world_size, "device": "cuda:0" if args.device == "cuda" else "cpu",
+               "torch_version": "fake", **({"gpu_name": "Fake GPU", "cuda_version": "13.0"} if args.device == "cuda" else {})},
     "duration_s": args.sleep,
 }))
 log(f"end {args.lab} {os.getpid()} {time.time()}")
