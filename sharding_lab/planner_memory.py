@@ -61,8 +61,8 @@ def outside_blocks_saved_bytes(tokens: int, seq: int, width: int, vocab: int, ac
 
 
 def inputs_bytes(micro_batch: int, seq: int) -> int:
-    """The micro-batch's token ids and targets: one (B, T + 1) int64 tensor, of which both are views."""
-    return micro_batch * (seq + 1) * INT64
+    """The micro-batch's token ids and targets: two (B, T) int64 tensors (the engine's `training_batch`)."""
+    return 2 * micro_batch * seq * INT64
 
 
 @dataclass(frozen=True)

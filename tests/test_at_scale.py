@@ -71,8 +71,9 @@ def test_simulated_figures_are_labelled_simulated_only_where_stored():
 
 @pytest.mark.slow
 def test_the_stored_simulated_figures_cover_every_lab_configuration_and_are_current():
-    from sharding_lab.engine.at_scale import run_config_for, simulated_requests
+    from sharding_lab.engine.at_scale import simulated_requests
     from sharding_lab.engine.simulate import simulate
+    from sharding_lab.plan_command import run_config_for
 
     requests = simulated_requests(LABS.values())
     assert set(simulated_figures()) == set(requests), "rerun `sharding-lab at-scale --write`"

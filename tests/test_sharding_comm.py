@@ -182,13 +182,13 @@ def _both_methods_on_rank(ctx, runs: dict) -> dict[str, dict[str, dict]]:
 def _record_both_ways(ctx, run) -> dict[str, dict]:
     """A steady step recorded by the dispatch reference, then the next by the wrappers, as `measure`
     records it (under the memory tracker, phase by phase)."""
-    from sharding_lab.engine.measure import _batch, _build
+    from sharding_lab.engine.measure import _build, training_batch
     from sharding_lab.engine.memory import MemoryTracker
 
     model_config, mesh, model, optimizer = _build(ctx, run)
 
     def step(number: int, tracker: CommTracker | None = None) -> None:
-        idx, targets = _batch(model_config, run, ctx.rank, number, ctx.device)
+        idx, targets = training_batch(model_config, run, ctx.rank, number, ctx.device)
         optimizer.zero_grad(set_to_none=True)
         with tracker.phase("forward") if tracker else nullcontext():
             loss = model(idx, targets)

@@ -204,24 +204,6 @@ def multi_grad_hooks_removed_on_exit() -> Iterator[None]:
             handle.remove()
 
 
-def global_peak_only(tracker_class: type) -> type:
-    """A subclass of FSDPMemTracker that keeps only the global peak, not each module's: its per-module
-    peaks walk every tracked module on every dispatched op, a third of a large simulation's time."""
-    _attribute(tracker_class, "_update_peak_stats", "the fast simulation")
-
-    class GlobalPeakOnly(tracker_class):
-        def _update_peak_stats(self, peak_state: Any) -> None:
-            current = _attribute(self, "_curr_mem_snap", "the fast simulation")
-            peak = _attribute(self, "_peak_mem", "the fast simulation")
-            peak_snapshot = _attribute(self, "_peak_mem_snap", "the fast simulation")
-            for device, device_snapshot in current.items():
-                if peak.get(device, 0) < device_snapshot["Total"]:
-                    peak[device] = device_snapshot["Total"]
-                    peak_snapshot[device] = dict(device_snapshot)
-
-    return GlobalPeakOnly
-
-
 def observing_each_op(tracker_class: type) -> type:
     """A subclass of FSDPMemTracker that, in place of its own peak bookkeeping, calls
     `tracker.observe(snapshot, open_modules, backward, in_optimizer)` after every op it tracks: the
@@ -268,7 +250,6 @@ ACCESSORS: dict[str, Callable[[], Any]] = {
     "_FSDPRefType": fsdp_ref_types,
     "MemTracker with category peaks": lambda: with_category_peaks(mem_tracker_class()),
     "FSDPMemTracker with category peaks": lambda: with_category_peaks(fsdp_mem_tracker_class()),
-    "FSDPMemTracker global peak": lambda: global_peak_only(fsdp_mem_tracker_class()),
     "FSDPMemTracker observing each op": lambda: observing_each_op(fsdp_mem_tracker_class()),
     "ModTracker's register_multi_grad_hook": mod_tracker_multi_grad_hook,
     "FakeTensorMode": lambda: fake_tensor_mode(),

@@ -17,38 +17,19 @@ import torch
 from sharding_lab.engine.simulate import simulate
 from sharding_lab.labs.at_scale import SCALES, SIMULATED_FIGURES, lab_requests, request_key
 from sharding_lab.labs.base import Lab
+from sharding_lab.plan_command import run_config_for, simulation_unavailable
 from sharding_lab.planner import PlanRequest
-from sharding_lab.run_config import RunConfig
-
-
-def run_config_for(request: PlanRequest) -> RunConfig:
-    """The engine configuration a plan request describes (a named model size)."""
-    if request.model.name is None:
-        raise ValueError("the at-scale simulation takes a named model size")
-    return RunConfig.of(
-        request.strategy,
-        world_size=request.mesh.world_size,
-        replicas=request.mesh.replicas,
-        size=request.model.name,
-        batch_size=request.micro_batch,
-        seq_len=request.seq,
-        mixed_precision=request.mixed_precision,
-        activation_checkpointing=request.activation_checkpointing,
-        cpu_offload=request.cpu_offload,
-        grad_accum_steps=request.grad_accum_steps,
-        prefetch=request.prefetch,
-    )
 
 
 def simulated_requests(labs: Iterable[Lab]) -> dict[str, PlanRequest]:
-    """Every FSDP configuration the labs show at scale, once each (the simulation builds FSDP2 only).
-    CPU offload is left to the planner: the simulation runs on the CPU, where the host memory the
-    offloaded states move to is the same device, so its peak would count them as GPU memory."""
+    """Every configuration the labs show at scale that the simulation can answer (plan_command's rule:
+    FSDP2 only, and no CPU offload, whose host memory the CPU-run simulation cannot tell from the
+    device's), once each."""
     requests: dict[str, PlanRequest] = {}
     for lab in labs:
         for scale in SCALES:
             for request in lab_requests(lab, scale).values():
-                if request.strategy.fully_sharded and not request.cpu_offload:
+                if simulation_unavailable(request) is None:
                     requests.setdefault(request_key(request), request)
     return requests
 

@@ -254,7 +254,7 @@ def _build(ctx: RankContext, config: RunConfig):
     return model_config, mesh, model, make_optimizer()
 
 
-def _batch(model_config, config: RunConfig, rank: int, step: int, device, micro: int = 0):
+def training_batch(model_config, config: RunConfig, rank: int, step: int, device, micro: int = 0):
     """Rank `rank`'s batch for `step` (micro-batch `micro` of it), the same whichever process makes it
     (the reference needs all)."""
     import torch
@@ -262,7 +262,9 @@ def _batch(model_config, config: RunConfig, rank: int, step: int, device, micro:
     seq_len = config.seq_len or model_config.block_size
     generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 1_009 + rank + micro * 7_919)
     tokens = torch.randint(0, model_config.vocab_size, (config.batch_size, seq_len + 1), generator=generator)
-    return tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
+    # Two tensors of their own, as on a GPU (where `.to` copies): at batch 1 `.contiguous()` would
+    # leave both as views of `tokens`, and CPU memory would differ from a GPU's by the batch size.
+    return tokens[:, :-1].clone().to(device), tokens[:, 1:].clone().to(device)
 
 
 def _measure_one(ctx: RankContext, config: RunConfig, index: int, count: int, alive: list[weakref.ref]) -> dict:
@@ -284,13 +286,13 @@ def _measure_one(ctx: RankContext, config: RunConfig, index: int, count: int, al
         total = 0.0
         for micro in range(micro_batches):
             last = micro == micro_batches - 1
-            idx, targets = _batch(model_config, config, ctx.rank, step, ctx.device, micro)
+            idx, targets = training_batch(model_config, config, ctx.rank, step, ctx.device, micro)
             tag = f" micro-batch {micro + 1}/{micro_batches}" if micro_batches > 1 else ""
             # Gradients sync on the last micro-batch only: before it, FSDP keeps unsharded gradients
             # and skips its reduce-scatter, DDP skips its all-reduce.
             if memory and micro > 0:
                 memory.next_micro_batch()
-            with _gradient_sync(model, config, enabled=last):
+            with gradient_sync(model, config, enabled=last):
                 ctx.mark(f"{label}: step {step}{tag} forward")
                 with tracker.phase("forward") if tracker else nullcontext():
                     loss = model(idx, targets)
@@ -313,7 +315,7 @@ def _measure_one(ctx: RankContext, config: RunConfig, index: int, count: int, al
             tolerance = MIXED_PRECISION_TOLERANCE if config.options.mixed_precision else TOLERANCE
             parity = gradient_parity(
                 ctx, model, optimizer, model_config,
-                lambda r: _batch(model_config, config, r, 0, ctx.device), tolerance,
+                lambda r: training_batch(model_config, config, r, 0, ctx.device), tolerance,
             )
         else:
             train_step(step)
@@ -361,7 +363,7 @@ def _measure_one(ctx: RankContext, config: RunConfig, index: int, count: int, al
     }
 
 
-def _gradient_sync(model, config: RunConfig, *, enabled: bool):
+def gradient_sync(model, config: RunConfig, *, enabled: bool):
     """A context in which backward does (enabled) or does not synchronize gradients."""
     if enabled or config.grad_accum_steps == 1:
         return nullcontext()

@@ -38,7 +38,7 @@ import torch.distributed as dist
 from sharding_lab.analytic import fsdp_padded_numel, model_states_bytes_per_rank
 from sharding_lab.engine import _torch_internals as internals
 from sharding_lab.engine import simulate_extrapolate as extrapolation
-from sharding_lab.engine.measure import _batch, _gradient_sync
+from sharding_lab.engine.measure import gradient_sync, training_batch
 from sharding_lab.engine.model import GPT, config_for
 from sharding_lab.engine.parallelize import data_parallel_mesh, parallelize
 from sharding_lab.model_config import GPTConfig, parameter_shapes
@@ -289,10 +289,10 @@ def _train_step(config, model_config, model, optimizer, step: int, tracker=None,
     micro_batches = config.grad_accum_steps
     for micro in range(micro_batches):
         last = micro == micro_batches - 1
-        idx, targets = _batch(model_config, config, SIMULATED_RANK, step, "cpu", micro)
+        idx, targets = training_batch(model_config, config, SIMULATED_RANK, step, "cpu", micro)
         if tracker is not None and micro > 0:
             tracker.reset_mod_stats()  # as measure's MemoryTracker.next_micro_batch
-        with _gradient_sync(model, config, enabled=last):
+        with gradient_sync(model, config, enabled=last):
             loss = model(idx, targets)
             if micro_batches > 1:
                 loss = loss / micro_batches
