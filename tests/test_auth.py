@@ -93,7 +93,7 @@ def test_every_route_refuses_without_a_login(app, client):
         for method in sorted(rule.methods - {"OPTIONS"}):
             path = url_of(rule)
             page = client.open(path, method=method)
-            if rule.endpoint in ("labs.run_status", "plan.simulation_status"):  # JSON APIs whatever the Accept
+            if rule.endpoint in auth.JSON_ENDPOINTS:  # JSON APIs whatever the Accept header
                 assert page.status_code == 401, (method, path, page.status_code)
             else:
                 assert page.status_code in (302, 303), (method, path, page.status_code)
