@@ -88,7 +88,7 @@ def test_a_bad_field_is_named_on_the_page_and_can_be_fixed(page: Page, live_serv
         page.get_by_role("button", name="Will it fit?").click()
     assert response.value.status == 400
     errors = page.get_by_role("alert")
-    expect(errors).to_contain_text("GPUs must be a whole number from 1 to 8,192, got '-8'")
+    expect(errors).to_contain_text("GPUs must be a whole number from 1 to 131,072, got '-8'")
     expect(errors).to_contain_text("CPU offload is FSDP2's (zero2, zero3): ddp does not shard parameters")
     expect(page.get_by_label("GPUs", exact=True)).to_have_attribute("aria-invalid", "true")
     expect(page.locator("#memory-table")).to_have_count(0)
