@@ -13,6 +13,8 @@ import torch
 def main(work: Path, out: Path) -> int:
     comparisons_file = work / "comparisons.jsonl"
     comparisons = [json.loads(line) for line in comparisons_file.read_text().splitlines()] if comparisons_file.exists() else []
+    planner_file = work / "planner.jsonl"
+    planner = [json.loads(line) for line in planner_file.read_text().splitlines()] if planner_file.exists() else []
     labs_file = work / "labs.json"
     try:
         runs = json.loads(labs_file.read_text())["runs"]
@@ -29,6 +31,7 @@ def main(work: Path, out: Path) -> int:
         "cuda": torch.version.cuda,
         "pytest": pytest_tail,
         "simulator_vs_rank_view": comparisons,
+        "planner_vs_rank_view": planner,
         "labs": {
             run["lab"]: {
                 "holds": run["holds"],

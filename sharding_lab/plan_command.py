@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from sharding_lab.deepspeed_formula import DeepSpeedEstimate, deepspeed_estimate, largest_layer_params
-from sharding_lab.model_config import SIZES
+from sharding_lab.model_config import SIZES, config_for
 from sharding_lab.planner import (
     GB,
     Category,
@@ -82,6 +82,25 @@ def run_config_for(request: PlanRequest) -> RunConfig:
         batch_size=request.micro_batch, seq_len=request.seq, grad_accum_steps=request.grad_accum_steps,
         prefetch=request.prefetch, mixed_precision=request.mixed_precision,
         activation_checkpointing=request.activation_checkpointing, cpu_offload=request.cpu_offload,
+    )
+
+
+def request_for_config(config: RunConfig, gpu_memory_gb: float = 141.0) -> PlanRequest:
+    """The plan request an engine configuration answers (the inverse of `run_config_for`), so a measured
+    run can be held against the planner."""
+    return PlanRequest(
+        model=ModelShape.from_config(config_for(config.size, **dict(config.model_overrides)),
+                                     name=None if config.model_overrides else config.size),
+        mesh=Mesh(shards=config.shards, replicas=config.options.replicas),
+        gpu_memory_gb=gpu_memory_gb,
+        micro_batch=config.batch_size,
+        seq=config.seq_len,
+        strategy=config.strategy,
+        mixed_precision=config.options.mixed_precision,
+        activation_checkpointing=config.options.activation_checkpointing,
+        cpu_offload=config.options.cpu_offload,
+        grad_accum_steps=config.grad_accum_steps,
+        prefetch=config.options.prefetch,
     )
 
 

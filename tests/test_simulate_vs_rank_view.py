@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from sharding_lab.engine.validation import CPU_CASES, CUDA_CASES, CUDA_TOLERANCE, compare
+from sharding_lab.engine.validation import CPU_CASES, CUDA_CASES, CUDA_TOLERANCE, Case, case_id, compare
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", CPU_CASES, ids=lambda c: f"{c.size}-N{c.world_size}-seq{c.seq}-{'bf16' if c.mixed_precision else 'fp32'}")
+@pytest.mark.parametrize("case", CPU_CASES, ids=case_id)
 def test_the_simulated_peak_is_the_rank_views_tracked_peak_on_cpu(case):
     result = compare(case, "cpu", timeout_s=300)
     assert result.simulated_peak == result.tracked_peak
@@ -25,7 +25,7 @@ def test_the_simulated_peak_is_the_rank_views_tracked_peak_on_cpu(case):
 
 @pytest.mark.gpu
 @pytest.mark.slow
-@pytest.mark.parametrize("case", CUDA_CASES, ids=lambda c: f"{c.size}-N{c.world_size}-seq{c.seq}-{'bf16' if c.mixed_precision else 'fp32'}")
+@pytest.mark.parametrize("case", CUDA_CASES, ids=case_id)
 def test_the_simulated_peak_is_within_3_percent_of_cuda_on_a_rank_view(case):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
@@ -36,3 +36,47 @@ def test_the_simulated_peak_is_within_3_percent_of_cuda_on_a_rank_view(case):
             out.write(json.dumps(result.to_json()) + "\n")
     assert result.cuda_peak is not None
     assert result.cuda_error <= CUDA_TOLERANCE, result.to_json()
+
+
+# The analytic planner against real CUDA memory, CPU offload included (the simulation cannot take it:
+# on the CPU, host and device are one).
+PLANNER_CUDA_CASES = (
+    Case("gpt2-small", 8, 512, 4, False),
+    Case("gpt2-small", 8, 512, 4, True, (("activation_checkpointing", True),)),
+    Case("gpt2-small", 8, 512, 4, False, (("cpu_offload", True),)),
+    Case("gpt2-small", 8, 512, 4, True, (("cpu_offload", True),)),
+)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("case", PLANNER_CUDA_CASES, ids=case_id)
+def test_the_analytic_plan_is_within_3_percent_of_cuda_on_a_rank_view(case):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from sharding_lab.engine.measure import measure_many
+    from sharding_lab.plan_command import request_for_config
+    from sharding_lab.planner import plan_analytic
+
+    config = case.run_config("cuda")
+    rank0 = measure_many([config], timeout_s=600)[0].ranks[0]
+    planned = plan_analytic(request_for_config(config)).peak.total
+    error = abs(planned - rank0.cuda_max_memory_allocated) / rank0.cuda_max_memory_allocated
+    if os.environ.get("GPU_RESULTS_DIR"):
+        with (Path(os.environ["GPU_RESULTS_DIR"]) / "planner.jsonl").open("a") as out:
+            out.write(json.dumps({"case": case_id(case), "planned_peak": planned, "tracked_peak": rank0.peak_bytes,
+                                  "cuda_peak": rank0.cuda_max_memory_allocated, "cuda_error": error}) + "\n")
+    assert error <= CUDA_TOLERANCE, (case_id(case), planned, rank0.cuda_max_memory_allocated)
+
+
+@pytest.mark.slow
+def test_the_analytic_plan_is_the_rank_views_tracked_peak_on_cpu():
+    # The same comparison on CPU, where the tracker is the measurement (no offload: the host is the device).
+    from sharding_lab.engine.measure import measure_many
+    from sharding_lab.plan_command import request_for_config
+    from sharding_lab.planner import plan_analytic
+
+    config = Case("mini", 8, 32, 2, False, (("activation_checkpointing", True),)).run_config("cpu")
+    rank0 = measure_many([config], timeout_s=300)[0].ranks[0]
+    assert plan_analytic(request_for_config(config)).peak.total == rank0.peak_bytes

@@ -41,7 +41,8 @@ class Case:
         )
 
 
-# Three sizes, two world sizes, fp32 and bf16, two sequence lengths: six configurations for a GPU.
+# Three sizes, two world sizes, fp32 and bf16, two sequence lengths: six configurations for a GPU; then
+# each engine option the simulation takes, on gpt2-small at 8 ranks.
 CUDA_CASES: tuple[Case, ...] = (
     Case("gpt2-small", 8, 512, 4, False),
     Case("gpt2-small", 64, 128, 4, True),
@@ -49,13 +50,25 @@ CUDA_CASES: tuple[Case, ...] = (
     Case("gpt2-medium", 64, 128, 4, False),
     Case("1b", 8, 128, 4, False),
     Case("1b", 64, 512, 4, True),
+    Case("gpt2-small", 8, 512, 4, True, (("activation_checkpointing", True),)),
+    Case("gpt2-small", 8, 512, 4, False, (("strategy", "zero2"),)),
+    Case("gpt2-small", 8, 512, 4, True, (("replicas", 2),)),
+    Case("gpt2-small", 8, 256, 2, False, (("grad_accum_steps", 2),)),
 )
 # The same comparison at CPU sizes, for CI.
 CPU_CASES: tuple[Case, ...] = (
     Case("tiny", 4, 32, 2, False),
     Case("mini", 8, 64, 2, False),
     Case("mini", 8, 32, 2, True),
+    Case("mini", 8, 32, 2, False, (("activation_checkpointing", True),)),
+    Case("mini", 4, 32, 2, False, (("replicas", 2), ("grad_accum_steps", 2))),
 )
+
+
+def case_id(case: Case) -> str:
+    """A readable test id: size, ranks, sequence, dtype and any option."""
+    options = "".join(f"-{name}={value}" for name, value in case.options)
+    return f"{case.size}-N{case.world_size}-seq{case.seq}-{'bf16' if case.mixed_precision else 'fp32'}{options}"
 
 
 @dataclass(frozen=True)
