@@ -1,7 +1,7 @@
 """`sharding-lab plan`: will it fit? The analytic planner beside the FSDP2 simulation and DeepSpeed's formula.
 
     sharding-lab plan --size 7b --gpus 64 --micro-batch 1 --seq 2048 --strategy all --mixed-precision
-    sharding-lab plan --layers 32 --width 4096 --heads 32 --vocab 50304 --seq 2048 --mesh 8x8 --gpu-memory-gb 141
+    sharding-lab plan --layers 32 --width 4096 --heads 32 --vocab 50304 --seq-len 4096 --seq 2048 --mesh 8x8 --gpu-memory-gb 141
     sharding-lab plan --size 1b --gpus 8 --micro-batch 4 --seq 512 --simulate --json
 
 Torch-free: the simulation arrives as a callable (`register(subparsers, simulate=...)`), which `cli.py`
@@ -141,10 +141,14 @@ def _request(args: argparse.Namespace, strategy: Strategy) -> PlanRequest:
     if args.size is not None:
         model = ModelShape.named(args.size)
     else:
-        missing = [f"--{n}" for n in ("layers", "width", "heads", "vocab", "seq") if getattr(args, n) is None]
+        missing = [f"--{n}" for n in ("layers", "width", "heads", "vocab") if getattr(args, n) is None]
+        if args.seq is None and args.seq_len is None:
+            missing.append("--seq-len (or --seq)")
         if missing:
             raise ValueError(f"give --size NAME, or the shape: {' '.join(missing)} missing")
-        model = ModelShape(args.layers, args.width, args.heads, args.vocab, args.seq, tied=args.tied)
+        model = ModelShape(args.layers, args.width, args.heads, args.vocab, args.seq_len or args.seq, tied=args.tied)
+    if args.size is not None and args.seq_len is not None:
+        raise ValueError("--seq-len is a hand-given shape's length; a named size has its own (use --seq)")
     if args.tied and args.size is not None:
         model = replace(model, tied=True)
     mesh = Mesh.parse(args.mesh) if args.mesh is not None else Mesh.of(args.gpus)
@@ -315,6 +319,8 @@ def register(subparsers, *, simulate: Simulator | None = None) -> None:
     model.add_argument("--width", type=_positive_int)
     model.add_argument("--heads", type=_positive_int)
     model.add_argument("--vocab", type=_positive_int)
+    model.add_argument("--seq-len", type=_positive_int,
+                       help="the shape's longest sequence (its position embedding); default --seq")
     model.add_argument("--tied", action="store_true", help="lm_head shares the embedding's weight")
     gpus = parser.add_mutually_exclusive_group(required=True)
     gpus.add_argument("--gpus", type=_positive_int, help="data-parallel GPUs N (a 1-D mesh)")
@@ -325,7 +331,7 @@ def register(subparsers, *, simulate: Simulator | None = None) -> None:
                         help="fraction of GPU memory kept free (default 0.1)")
     parser.add_argument("--micro-batch", type=_positive_int, default=1, help="sequences per GPU per forward")
     parser.add_argument("--seq", type=_positive_int,
-                        help="tokens per sequence (default the size's block size); with a shape, also its length")
+                        help="tokens per sequence (default the model's length)")
     parser.add_argument("--strategy", default="zero3", choices=[*NAMES, "all"], help="one strategy, or all")
     parser.add_argument("--mixed-precision", action="store_true", help="bf16 compute, fp32 reduction and master")
     parser.add_argument("--activation-checkpointing", action="store_true", help="checkpoint every block")

@@ -323,8 +323,8 @@ def test_plan_argv_is_a_fixed_list_for_a_shape_and_a_mesh():
                                 "seq": "", "mixed_precision": "on", "activation_checkpointing": "",
                                 "cpu_offload": "on", "grad_accum": "2"})
     assert plan_argv(["sl"], params) == [
-        "sl", "plan", "--layers", "2", "--width", "64", "--heads", "4", "--vocab", "128", "--mesh", "2x2",
-        "--micro-batch", "1", "--grad-accum", "2", "--seq", "64", "--mixed-precision", "--cpu-offload",
+        "sl", "plan", "--layers", "2", "--width", "64", "--heads", "4", "--vocab", "128", "--seq-len", "64",
+        "--mesh", "2x2", "--micro-batch", "1", "--grad-accum", "2", "--mixed-precision", "--cpu-offload",
         "--strategy", "all", "--simulate", "--json"]
     with pytest.raises(ValueError):
         plan_argv(["sl"], {**params, "layers": "2; rm -rf /"})

@@ -73,6 +73,9 @@ def test_simulation_column_from_the_simulator_it_is_given(capsys):
         (["--size", "mini", "--mesh", "2x4", "--strategy", "ddp"], "HSDP"),
         (["--size", "mini", "--gpus", "2", "--seq", "65"], "exceeds"),
         (["--width", "8", "--gpus", "2"], "missing"),
+        (["--size", "mini", "--gpus", "2", "--seq-len", "32"], "a named size has its own"),
+        (["--layers", "2", "--width", "64", "--heads", "4", "--vocab", "512", "--seq-len", "32", "--seq", "64",
+          "--gpus", "2"], "exceeds"),
     ],
 )
 def test_bad_input_is_a_message_not_a_traceback(argv, message, capsys):
@@ -94,3 +97,16 @@ def test_simulate_runs_the_engine(capsys):
     assert code == 0
     zero3 = json.loads(out)["strategies"]["zero3"]
     assert zero3["simulation"]["peak"]["total_bytes"] == zero3["analytic"]["peak"]["total_bytes"]
+
+
+def test_a_shape_takes_its_length_from_seq_len_and_a_shorter_sequence_from_seq(capsys):
+    shape = ["--layers", "2", "--width", "64", "--heads", "4", "--vocab", "512", "--gpus", "2", "--json"]
+    code, out, _ = run([*shape, "--seq-len", "128", "--seq", "32"], capsys)
+    assert code == 0
+    request = json.loads(out)["strategies"]["zero3"]["analytic"]["request"]
+    # 128 positions in the embedding (its parameters), 32 tokens per sequence in the step.
+    assert request["seq"] == 32
+    longer = json.loads(run([*shape, "--seq-len", "128"], capsys)[1])["strategies"]["zero3"]["analytic"]
+    shorter = json.loads(out)["strategies"]["zero3"]["analytic"]
+    assert longer["num_params"] == shorter["num_params"] == 2 * (12 * 64 * 64 + 13 * 64) + 2 * 512 * 64 + 128 * 64 + 2 * 64
+    assert longer["request"]["seq"] == 128

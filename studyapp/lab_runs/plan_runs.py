@@ -56,17 +56,16 @@ def plan_argv(command: Sequence[str], params: Mapping[str, str]) -> list[str]:
             raise ValueError(f"not a size name: {params['size']!r}")
         argv += ["--size", params["size"]]
     else:
-        # The CLI's shape takes its length from --seq: the page offers to simulate a shape only when the
-        # sequence is the model's whole length (views.plan), so the two agree.
-        argv += [item for name in ("layers", "width", "heads", "vocab") for item in (f"--{name}", number(name))]
+        argv += [item for name in ("layers", "width", "heads", "vocab", "seq_len")
+                 for item in (f"--{name.replace('_', '-')}", number(name))]
     if params["mesh"]:
         replicas, shards = params["mesh"].split("x")
         argv += ["--mesh", f"{int(replicas)}x{int(shards)}"]
     else:
         argv += ["--gpus", number("gpus")]
     argv += ["--micro-batch", number("micro_batch"), "--grad-accum", number("grad_accum")]
-    if params["seq"] or params["size"] == "custom":  # empty: the model's own sequence length
-        argv += ["--seq", number("seq" if params["seq"] else "seq_len")]
+    if params["seq"]:  # empty: the model's own sequence length
+        argv += ["--seq", number("seq")]
     argv += [f"--{name.replace('_', '-')}" for name in _FLAGS if params.get(name) == "on"]
     return [*argv, "--strategy", "all", "--simulate", "--json"]
 

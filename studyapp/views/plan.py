@@ -292,10 +292,6 @@ def _simulation_state(inputs: Inputs) -> dict[str, Any]:
     request = inputs.request
     simulable = {str(s): simulation_unavailable(with_strategy(request, s))
                  for s in STRATEGIES if s.fully_sharded and _applicable(request, s)}
-    if request.model.name is None and request.seq != request.model.seq_len:
-        # `sharding-lab plan` takes a shape's length from --seq: the simulated model would differ.
-        simulable = {name: why or "simulation not available for a hand-given shape with a sequence shorter than "
-                     "its length (the CLI takes a shape's length from --seq)" for name, why in simulable.items()}
     return {
         "run": run,
         "active": run is not None and run.status in (RunStatus.queued, RunStatus.running),
