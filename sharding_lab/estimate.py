@@ -22,6 +22,7 @@ from sharding_lab.analytic import (
     communication_bytes_per_step,
     model_states_bytes_per_rank,
 )
+from sharding_lab.cli_args import positive_int
 from sharding_lab.model_config import config_for
 from sharding_lab.strategies import MODEL_STATE_PARTS, STRATEGIES
 
@@ -286,16 +287,6 @@ def _param_count_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
-    return value
-
-
 def register(subparsers) -> None:
     """Add the `estimate` subcommand to the sharding-lab CLI (dispatched through args.func)."""
     parser = subparsers.add_parser(
@@ -306,7 +297,7 @@ def register(subparsers) -> None:
         "shards the GPT with FSDP2 under FakeTensorMode and a fake process group.",
     )
     parser.add_argument("--params", type=_param_count_arg, help="parameter count: 7.5e9, 7.5B, 128B, 1T")
-    parser.add_argument("--world-size", type=_positive_int, help="data-parallel ranks N")
+    parser.add_argument("--world-size", type=positive_int, help="data-parallel ranks N")
     parser.add_argument(
         "--mixed-precision",
         action="store_true",
@@ -316,6 +307,6 @@ def register(subparsers) -> None:
     parser.add_argument("--table1", action="store_true", help="reproduce the ZeRO paper's Table 1")
     parser.add_argument("--simulate", action="store_true", help="simulate FSDP2 on fake tensors and a fake process group")
     parser.add_argument("--size", default="tiny", help="model size for --simulate (tiny, gpt2-small, ..., 70b)")
-    parser.add_argument("--batch", type=_positive_int, default=1, help="micro-batch size per rank for --simulate")
-    parser.add_argument("--seq", type=_positive_int, help="sequence length for --simulate (default: 128 or block_size)")
+    parser.add_argument("--batch", type=positive_int, default=1, help="micro-batch size per rank for --simulate")
+    parser.add_argument("--seq", type=positive_int, help="sequence length for --simulate (default: 128 or block_size)")
     parser.set_defaults(func=run_estimate)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from sharding_lab.cli_args import positive_float, positive_int
 from sharding_lab.deepspeed_formula import DeepSpeedEstimate, deepspeed_estimate, largest_layer_params
 from sharding_lab.model_config import SIZES, config_for
 from sharding_lab.planner import (
@@ -285,26 +286,6 @@ def _render_strategy(console, Table, analytic: Plan, simulated: Plan | None, una
                       f"{deepspeed.source}.[/dim]")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
-
-
 def register(subparsers, *, simulate: Simulator | None = None) -> None:
     """Add `plan` to the sharding-lab CLI; `simulate` answers --simulate (None: unavailable)."""
     parser = subparsers.add_parser(
@@ -315,28 +296,28 @@ def register(subparsers, *, simulate: Simulator | None = None) -> None:
     )
     model = parser.add_argument_group("model: a named size, or its shape")
     model.add_argument("--size", help="a named size (tiny, mini, gpt2-small, ..., 1b, 7b, 70b)")
-    model.add_argument("--layers", type=_positive_int)
-    model.add_argument("--width", type=_positive_int)
-    model.add_argument("--heads", type=_positive_int)
-    model.add_argument("--vocab", type=_positive_int)
-    model.add_argument("--seq-len", type=_positive_int,
+    model.add_argument("--layers", type=positive_int)
+    model.add_argument("--width", type=positive_int)
+    model.add_argument("--heads", type=positive_int)
+    model.add_argument("--vocab", type=positive_int)
+    model.add_argument("--seq-len", type=positive_int,
                        help="the shape's longest sequence (its position embedding); default --seq")
     model.add_argument("--tied", action="store_true", help="lm_head shares the embedding's weight")
     gpus = parser.add_mutually_exclusive_group(required=True)
-    gpus.add_argument("--gpus", type=_positive_int, help="data-parallel GPUs N (a 1-D mesh)")
+    gpus.add_argument("--gpus", type=positive_int, help="data-parallel GPUs N (a 1-D mesh)")
     gpus.add_argument("--mesh", help="HSDP mesh REPLICASxSHARDS, e.g. 8x8")
-    parser.add_argument("--gpu-memory-gb", type=_positive_float, default=80.0,
+    parser.add_argument("--gpu-memory-gb", type=positive_float, default=80.0,
                         help="memory per GPU in decimal GB (1e9 B): 80 (H100), 141 (H200); default 80")
     parser.add_argument("--headroom", type=float, default=0.1,
                         help="fraction of GPU memory kept free (default 0.1)")
-    parser.add_argument("--micro-batch", type=_positive_int, default=1, help="sequences per GPU per forward")
-    parser.add_argument("--seq", type=_positive_int,
+    parser.add_argument("--micro-batch", type=positive_int, default=1, help="sequences per GPU per forward")
+    parser.add_argument("--seq", type=positive_int,
                         help="tokens per sequence (default the model's length)")
     parser.add_argument("--strategy", default="zero3", choices=[*NAMES, "all"], help="one strategy, or all")
     parser.add_argument("--mixed-precision", action="store_true", help="bf16 compute, fp32 reduction and master")
     parser.add_argument("--activation-checkpointing", action="store_true", help="checkpoint every block")
     parser.add_argument("--cpu-offload", action="store_true", help="FSDP2 CPUOffloadPolicy (zero2, zero3)")
-    parser.add_argument("--grad-accum", type=_positive_int, default=1, help="micro-batches per optimizer step")
+    parser.add_argument("--grad-accum", type=positive_int, default=1, help="micro-batches per optimizer step")
     parser.add_argument("--simulate", action="store_true", help="add the FSDP2 simulation (slow: seconds to a minute)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.set_defaults(func=lambda args: run_plan(args, simulate))

@@ -283,18 +283,8 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
             m.op("the largest forward temporary", temporaries=4 * tc)
             m.op("freed", temporaries=-4 * tc)
         else:
-            m.op("ln_1", activations=tc + stats)
-            m.op("c_attn", activations=3 * tc)
-            m.op("attention", activations=tc + lse)
-            m.op("attn.c_proj", activations=tc)
-            m.op("residual add", activations=tc)
-            m.op("attn.c_proj's output freed", activations=-tc)
-            m.op("ln_2", activations=tc + stats)
-            m.op("c_fc", activations=4 * tc)
-            m.op("gelu", activations=4 * tc)
-            m.op("mlp.c_proj", activations=tc)
-            m.op("residual add", activations=tc)
-            m.op("mlp.c_proj's output freed", activations=-tc)
+            for name, saved in _block_forward(tc, stats, lse):
+                m.op(name, activations=saved)
         if zero3:
             m.op("resharded", parameters=-P)
     m.phase("loss forward")
@@ -367,18 +357,33 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
     return m.result()
 
 
+def _block_forward(tc: int, stats: int, lse: int) -> list[tuple[str, int]]:
+    """A block's forward op by op: what each op leaves saved for backward (negative: freed). `tc`: one
+    (tokens, C) tensor at the compute dtype; `stats`: LayerNorm's statistics; `lse`: SDPA's logsumexp."""
+    return [
+        ("ln_1", tc + stats),
+        ("c_attn", 3 * tc),
+        ("attention", tc + lse),
+        ("attn.c_proj", tc),
+        ("residual add", tc),
+        ("attn.c_proj's output freed", -tc),
+        ("ln_2", tc + stats),
+        ("c_fc", 4 * tc),
+        ("gelu", 4 * tc),
+        ("mlp.c_proj", tc),
+        ("residual add", tc),
+        ("mlp.c_proj's output freed", -tc),
+    ]
+
+
+RECOMPUTED_OPS = 9  # checkpointing reruns a block's forward up to its gelu, the last op backward needs
+
+
 def _recompute(m: _Ledger, tc: int, stats: int, lse: int) -> None:
     """Activation checkpointing: the block's forward rerun at the start of its backward, saving what the
     forward would have (its input is the one tensor kept), up to the last op backward needs."""
-    m.op("recomputed ln_1", activations=tc + stats)
-    m.op("recomputed c_attn", activations=3 * tc)
-    m.op("recomputed attention", activations=tc + lse)
-    m.op("recomputed attn.c_proj", activations=tc)
-    m.op("recomputed residual add", activations=tc)
-    m.op("attn.c_proj's output freed", activations=-tc)
-    m.op("recomputed ln_2", activations=tc + stats)
-    m.op("recomputed c_fc", activations=4 * tc)
-    m.op("recomputed gelu", activations=4 * tc)
+    for name, saved in _block_forward(tc, stats, lse)[:RECOMPUTED_OPS]:
+        m.op(name if saved < 0 else f"recomputed {name}", activations=saved)
 
 
 def _block_backward(m: _Ledger, grads: dict[str, int], tc: int, stats: int, lse: int, ac: bool, *,

@@ -115,6 +115,20 @@ def runs_at(*configs: tuple[str, Strategy, dict[str, Any]]) -> Callable[[int], t
     return runs
 
 
+def world_size_key(strategy: Strategy | str, world_size: int) -> str:
+    """The key of a lab run that varies the world size: "zero3, N=4"."""
+    return f"{strategy}, N={world_size}"
+
+
+def runs_across(strategies: tuple[Strategy, ...], world_sizes: tuple[int, ...]) -> tuple[RunSpec, ...]:
+    """Each strategy at each world size, keyed by `world_size_key`."""
+    return tuple(
+        RunSpec(world_size_key(strategy, n), RunConfig(strategy, world_size=n))
+        for n in world_sizes
+        for strategy in strategies
+    )
+
+
 def percent(fraction: float) -> str:
     return f"{100 * fraction:.1f}%"
 

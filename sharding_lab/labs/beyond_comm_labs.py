@@ -22,6 +22,8 @@ from sharding_lab.labs.base import (
     Verdict,
     catalog_lab,
     near,
+    runs_across,
+    world_size_key,
 )
 from sharding_lab.measurement import Measurement
 from sharding_lab.model_config import GPTConfig, config_for, parameter_shapes
@@ -35,8 +37,7 @@ from sharding_lab.units import human_bytes
 RING_TOLERANCE = 0.02  # FSDP pads uneven dims, so ZeRO-2's buffers can be a few bytes bigger than DDP's
 
 
-def ring_key(strategy: str, world_size: int) -> str:
-    return f"{strategy}, N={world_size}"
+ring_key = world_size_key  # the ring lab's runs: "ddp, N=2"
 
 
 def ring_world_sizes(world_size: int) -> tuple[int, int]:
@@ -44,11 +45,7 @@ def ring_world_sizes(world_size: int) -> tuple[int, int]:
 
 
 def ring_runs(world_size: int) -> tuple[RunSpec, ...]:
-    return tuple(
-        RunSpec(ring_key(strategy, n), RunConfig(strategy, world_size=n))
-        for n in ring_world_sizes(world_size)
-        for strategy in (Strategy.DDP, Strategy.ZERO2)
-    )
+    return runs_across((Strategy.DDP, Strategy.ZERO2), ring_world_sizes(world_size))
 
 
 @dataclass(frozen=True)

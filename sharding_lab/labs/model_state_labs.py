@@ -22,8 +22,10 @@ from sharding_lab.labs.base import (
     Verdict,
     catalog_lab,
     percent,
+    runs_across,
     runs_at,
     shares_text,
+    world_size_key,
 )
 from sharding_lab.measurement import PARTS, Measurement
 from sharding_lab.model_config import GPTConfig, config_for, parameter_shapes
@@ -200,16 +202,11 @@ def scaling_world_sizes(world_size: int) -> tuple[int, ...]:
     return tuple(sorted({1, world_size, 2 * world_size}))
 
 
-def scaling_key(strategy: Strategy | str, world_size: int) -> str:
-    return f"{strategy}, N={world_size}"
+scaling_key = world_size_key  # the scaling lab's runs: "ddp, N=4"
 
 
 def scaling_runs(world_size: int) -> tuple[RunSpec, ...]:
-    return tuple(
-        RunSpec(scaling_key(strategy, n), RunConfig(strategy, world_size=n))
-        for n in scaling_world_sizes(world_size)
-        for strategy in (Strategy.DDP, Strategy.ZERO3)
-    )
+    return runs_across((Strategy.DDP, Strategy.ZERO3), scaling_world_sizes(world_size))
 
 
 @dataclass(frozen=True)

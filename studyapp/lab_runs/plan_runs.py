@@ -14,16 +14,14 @@ per-strategy "simulation" entries (a planner `plan_json`, or {"unavailable": why
 
 from __future__ import annotations
 
-import json
 import subprocess
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
-from studyapp.lab_runs.process import STDERR_TAIL_CHARS, Outcome, kill_group
+from studyapp.lab_runs.process import Outcome, run_json_process
 from studyapp.lab_runs.queue import ACTIVE, PLAN_SIMULATION, utcnow
 from studyapp.models import LabRun, RunStatus
 
@@ -96,10 +94,6 @@ def latest_simulation(session: Session, params: Mapping[str, str]) -> LabRun | N
     return None
 
 
-def default_command() -> list[str]:
-    return [sys.executable, "-m", "sharding_lab.cli"]
-
-
 def simulation_outcome(
     command: Sequence[str],
     run: LabRun,
@@ -108,29 +102,17 @@ def simulation_outcome(
 ) -> Outcome:
     """Run one plan simulation to its end; whatever goes wrong is a failed outcome, never an exception."""
     try:
-        argv = plan_argv(command, run.params)
-        process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            start_new_session=True,  # its own group: a timeout or a stop kills all of it
-        )
+        outcome = run_json_process(plan_argv(command, run.params), timeout_s, on_start=on_start,
+                                   stopped="the simulation was stopped", no_json="no plan JSON")
     except (OSError, ValueError, KeyError) as error:
         return Outcome(RunStatus.failed, error=f"could not start the simulation: {error}")
-    if on_start:
-        on_start(process)
+    if outcome.result is None:
+        return outcome
     try:
-        stdout, stderr = process.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        kill_group(process)
-        process.communicate()
-        return Outcome(RunStatus.failed, error=f"timed out after {timeout_s:g} s; the simulation was stopped.")
-    if process.returncode < 0:
-        return Outcome(RunStatus.failed, error=f"stopped by signal {-process.returncode}." + _tail(stderr))
-    try:
-        report = json.loads(stdout)
-        strategies = report["strategies"]
+        strategies = outcome.result["strategies"]
         simulations = {name: entry["simulation"] for name, entry in strategies.items() if "simulation" in entry}
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return Outcome(RunStatus.failed, error=f"exit status {process.returncode}, no plan JSON." + _tail(stderr))
+    except (KeyError, TypeError, AttributeError):
+        return Outcome(RunStatus.failed, error="no plan JSON: the report has no strategies.")
     return Outcome(RunStatus.done, result={"lab": PLAN_SIMULATION, "simulations": simulations})
 
 
@@ -140,10 +122,3 @@ def simulated_plans(run: LabRun | None) -> dict[str, dict[str, Any]]:
         return {}
     simulations = run.result.get("simulations")
     return {str(k): v for k, v in simulations.items() if isinstance(v, dict)} if isinstance(simulations, dict) else {}
-
-
-def _tail(stderr: str | None) -> str:
-    text = (stderr or "").strip()
-    if len(text) > STDERR_TAIL_CHARS:
-        text = "…" + text[-STDERR_TAIL_CHARS:]
-    return "\nstderr:\n" + text if text else ""

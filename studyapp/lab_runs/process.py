@@ -85,6 +85,25 @@ def run_lab_process(
     A run whose claim does not hold still exits 1 with its JSON: that is a finished measurement
     (done, holds false), not a failure. `on_start` receives the process (so a caller can stop it).
     """
+    outcome = run_json_process(argv, timeout_s, on_start=on_start, stopped="the lab's processes were stopped",
+                               no_json="no JSON result")
+    result = outcome.result
+    if result is not None and result.get("lab") != lab_id:
+        return Outcome(RunStatus.failed, error=f"the result names lab {result.get('lab')!r}, not {lab_id!r}.")
+    return outcome
+
+
+def run_json_process(
+    argv: Sequence[str],
+    timeout_s: float,
+    *,
+    on_start: Callable[[subprocess.Popen], None] | None = None,
+    stopped: str,
+    no_json: str,
+) -> Outcome:
+    """Run `argv` in a process group of its own and read the one JSON object it prints on stdout:
+    done with that object, or failed saying why (timed out: `stopped`; killed by a signal; no JSON:
+    `no_json`), with the tail of its stderr."""
     process = subprocess.Popen(
         list(argv),
         stdin=subprocess.DEVNULL,
@@ -103,15 +122,12 @@ def run_lab_process(
     except subprocess.TimeoutExpired:
         kill_group(process)
         stdout, stderr = _drain(process)
-        return Outcome(RunStatus.failed, error=f"timed out after {timeout_s:g} s; the lab's processes were stopped."
-                       + _tail(stderr))
+        return Outcome(RunStatus.failed, error=f"timed out after {timeout_s:g} s; {stopped}." + _tail(stderr))
     if process.returncode < 0:  # killed by a signal: a shutdown stopped it, or the OS did
         return Outcome(RunStatus.failed, error=f"stopped by signal {-process.returncode}." + _tail(stderr))
     result = _parse(stdout)
     if result is None:
-        return Outcome(RunStatus.failed, error=f"exit status {process.returncode}, no JSON result." + _tail(stderr))
-    if result.get("lab") != lab_id:
-        return Outcome(RunStatus.failed, error=f"the result names lab {result.get('lab')!r}, not {lab_id!r}.")
+        return Outcome(RunStatus.failed, error=f"exit status {process.returncode}, {no_json}." + _tail(stderr))
     return Outcome(RunStatus.done, result=result)
 
 
@@ -134,15 +150,16 @@ def _drain(process: subprocess.Popen) -> tuple[str, str]:
 
 
 def _parse(stdout: str) -> dict[str, Any] | None:
-    # The CLI prints exactly one JSON object on its last line; anything else is no result.
+    # The CLI prints exactly one JSON object: the whole of stdout (`plan` indents it), or its last line
+    # (`run`, after anything else that reached stdout); anything else is no result.
     lines = stdout.strip().splitlines()
-    if not lines:
-        return None
-    try:
-        result = json.loads(lines[-1])
-    except ValueError:
-        return None
-    return result if isinstance(result, dict) else None
+    for text in (stdout, lines[-1] if lines else ""):
+        try:
+            result = json.loads(text)
+        except ValueError:
+            continue
+        return result if isinstance(result, dict) else None
+    return None
 
 
 def _tail(stderr: str | None) -> str:

@@ -178,7 +178,7 @@ class LabWorker:
     def _run(self, run: LabRun) -> Outcome:
         timeout_s = float(self.app.config["LAB_TIMEOUT_S"])
         if run.lab_id == plan_runs.PLAN_SIMULATION:  # a job kind of its own: one process per simulation
-            command = self.app.config["PLAN_SIMULATION_COMMAND"] or plan_runs.default_command()
+            command = self.app.config["PLAN_SIMULATION_COMMAND"] or default_command()
             return plan_runs.simulation_outcome(command, run, timeout_s, self._started)
         if self.app.config["LAB_COMMAND"] is not None:
             return lab_outcome(lab_command(self.app), run, timeout_s, self._started)
