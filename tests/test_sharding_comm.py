@@ -3,6 +3,7 @@ of a real FSDP step (all-gathers before each block, prefetching, reduce-scatters
 
 from __future__ import annotations
 
+import warnings
 from contextlib import nullcontext
 
 import pytest
@@ -15,6 +16,9 @@ from sharding_lab.engine.comm import CommTracker
 from sharding_lab.engine.model import GPT, config_for
 from sharding_lab.engine.overlap import overlap_of
 from sharding_lab.measurement import CommSummary, OpTotal
+
+# The all-gather function FSDP2 calls in this torch (renamed in 2.13: see the test of every name).
+ALL_GATHER_LEAF = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
 
 
 def test_overlap_is_the_part_of_communication_time_inside_compute_time():
@@ -63,6 +67,27 @@ def test_records_each_collective_with_its_phase_and_logical_bytes(one_rank_group
     # A broadcast parameter is attributed to the unit that owns it.
     assert tracker.collectives[-1]["module"] == "root"
     assert CommSummary.from_json(tracker.summary()).totals()["all_reduce"] == OpTotal(1, 40, 0)
+
+
+@pytest.mark.slow
+def test_every_name_of_a_gather_or_scatter_this_torch_has_is_recorded_once(one_rank_group):
+    # torch 2.13 calls the leaves all_gather_single / reduce_scatter_single and keeps the older names
+    # as aliases of them; torch 2.11 (our GPU machine's) has only the older names, which FSDP2 calls.
+    gathers = [n for n in ("all_gather_single", "all_gather_into_tensor", "_all_gather_base") if hasattr(dist, n)]
+    scatters = [n for n in ("reduce_scatter_single", "reduce_scatter_tensor", "_reduce_scatter_base") if hasattr(dist, n)]
+    assert "all_gather_into_tensor" in gathers and "reduce_scatter_tensor" in scatters
+    tracker = CommTracker(GPT(config_for("tiny")), world_size=1)
+    shard, full = torch.ones(6), torch.empty(6)
+    with tracker, tracker.phase("forward"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # the deprecated names say so
+        for name in gathers:
+            getattr(dist, name)(full, shard)
+        for name in scatters:
+            getattr(dist, name)(torch.empty(6), full)
+    tracker.remove_hooks()
+    assert [(c["op"], c["bytes"]) for c in tracker.collectives] == (
+        [("all_gather", 24)] * len(gathers) + [("reduce_scatter", 24)] * len(scatters)
+    )
 
 
 @pytest.mark.slow
@@ -159,13 +184,14 @@ def test_wrappers_are_put_back_and_a_ddp_model_gets_the_default_all_reduce_hook(
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel
 
-    originals = (dist.all_gather_single, dist.distributed_c10d.all_gather_single, dist.broadcast)
+    gather = ALL_GATHER_LEAF
+    originals = (getattr(dist, gather), getattr(dist.distributed_c10d, gather), dist.broadcast)
     model = DistributedDataParallel(GPT(config_for("tiny")))
     tracker = CommTracker(model, world_size=1)
     assert tracker.method == "wrap" and internals.ddp_comm_hooks(model) == [allreduce_hook]
     with tracker:
-        assert dist.all_gather_single is not originals[0]
-    assert (dist.all_gather_single, dist.distributed_c10d.all_gather_single, dist.broadcast) == originals
+        assert getattr(dist, gather) is not originals[0]
+    assert (getattr(dist, gather), getattr(dist.distributed_c10d, gather), dist.broadcast) == originals
     CommTracker(model, world_size=1).remove_hooks()  # a second tracker reuses the hook
     tracker.remove_hooks()
 

@@ -9,6 +9,7 @@ module checks the torch version against the range the project has run on.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 from collections.abc import Callable, Iterator
@@ -108,10 +109,18 @@ def fsdp_group_module_name(group: Any) -> str:
     return _attribute(group, "_module_fqn", _PREFETCH) or ""
 
 
+def _fsdp_param_groups(state: Any) -> list[Any]:
+    """A module's parameter groups: a list from torch 2.13 on; one group, or None, before (2.11)."""
+    if hasattr(state, "_fsdp_param_groups"):
+        return list(state._fsdp_param_groups)
+    group = _attribute(state, "_fsdp_param_group", _PREFETCH)
+    return [] if group is None else [group]
+
+
 def disable_implicit_backward_prefetch(fsdp_module: Any) -> None:
     """Switch off FSDP2's default backward prefetch for one module (an empty explicit list keeps it)."""
     state = _attribute(fsdp_module, "_get_fsdp_state", _PREFETCH)()
-    for group in _attribute(state, "_fsdp_param_groups", _PREFETCH):
+    for group in _fsdp_param_groups(state):
         _attribute(group, "_backward_prefetch", _PREFETCH)
         group._backward_prefetch = lambda: None  # an instance attribute shadows the method
 
@@ -153,12 +162,88 @@ def tracker_current_snapshot(tracker: Any) -> dict:
     return _attribute(tracker, "_curr_mem_snap", _TRACKING)
 
 
+# DTensor derives an op's output shape by running the op on fake tensors it makes on the spot
+# (ShardingPropagator._propagate_tensor_meta_non_cached). A tracker's dispatch mode sees those and
+# counts them as memory, though they have no storage. When that happens depends on DTensor's caches:
+# on torch 2.11, Adam's ops miss them in the first tracked step of a process (their Python scalars,
+# such as the step size, change each step), so the first configuration measured in a process gained
+# 32-41 KB of "optimizer" memory on `tiny` that a second did not, and the simulation's 3- and 4-block
+# runs differed. Tensors made inside that method are never tracked.
+_SCRATCH = "leaving DTensor's shape-propagation scratch out of the memory figures"
+_scratch_depth = 0  # > 0 while DTensor propagates an op's tensor metadata
+_scratch_patches = 0  # trackers active with the marking method in place
+
+
+def _sharding_propagator() -> type | None:
+    """DTensor's ShardingPropagator if it has the method to mark, else None (nothing to leave out)."""
+    try:
+        propagator = importlib.import_module("torch.distributed.tensor._sharding_prop").ShardingPropagator
+    except (ImportError, AttributeError):
+        return None
+    return propagator if "_propagate_tensor_meta_non_cached" in vars(propagator) else None
+
+
+def _mark_scratch(on: bool) -> None:
+    global _scratch_patches
+    propagator = _sharding_propagator()
+    if propagator is None:
+        return
+    if on:
+        _scratch_patches += 1
+        if _scratch_patches == 1:
+            original = vars(propagator)["_propagate_tensor_meta_non_cached"]
+
+            @functools.wraps(original)
+            def marked(self: Any, *args: Any, **kwargs: Any) -> Any:
+                global _scratch_depth
+                _scratch_depth += 1
+                try:
+                    return original(self, *args, **kwargs)
+                finally:
+                    _scratch_depth -= 1
+
+            marked.__wrapped_original__ = original  # type: ignore[attr-defined]
+            propagator._propagate_tensor_meta_non_cached = marked
+    else:
+        _scratch_patches -= 1
+        if _scratch_patches == 0:
+            propagator._propagate_tensor_meta_non_cached = vars(propagator)[
+                "_propagate_tensor_meta_non_cached"].__wrapped_original__
+
+
+def _ignoring_propagation_scratch(tracker_class: type) -> type:
+    """A subclass of a torch tracker that does not track DTensor's shape-propagation scratch."""
+    _attribute(tracker_class, "_track", _SCRATCH)
+
+    class IgnoresPropagationScratch(tracker_class):
+        def __enter__(self) -> Any:
+            _mark_scratch(True)
+            try:
+                return super().__enter__()
+            except BaseException:
+                _mark_scratch(False)
+                raise
+
+        def __exit__(self, *args: Any) -> Any:
+            try:
+                return super().__exit__(*args)
+            finally:
+                _mark_scratch(False)
+
+        def _track(self, reftype: Any, t: torch.Tensor) -> None:
+            if _scratch_depth == 0:
+                super()._track(reftype, t)
+
+    return IgnoresPropagationScratch
+
+
 def with_category_peaks(tracker_class: type) -> type:
     """A subclass of a torch tracker that also keeps each category's own maximum, per device, in
-    `category_peaks`: the snapshot update is private, so the hook into it lives here."""
+    `category_peaks`: the snapshot update is private, so the hook into it lives here. Like every
+    tracker made here, it leaves DTensor's shape-propagation scratch out."""
     _attribute(tracker_class, "_update_snap", _TRACKING)
 
-    class KeepsCategoryPeaks(tracker_class):
+    class KeepsCategoryPeaks(_ignoring_propagation_scratch(tracker_class)):
         def _update_snap(self, *args: Any, **kwargs: Any) -> None:
             super()._update_snap(*args, **kwargs)
             peaks = self.__dict__.setdefault("category_peaks", {})
@@ -213,7 +298,7 @@ def observing_each_op(tracker_class: type) -> type:
     feature = "the simulation's view of each op"
     _attribute(tracker_class, "_update_peak_stats", feature)
 
-    class ObservingEachOp(tracker_class):
+    class ObservingEachOp(_ignoring_propagation_scratch(tracker_class)):
         def _update_peak_stats(self, peak_state: Any) -> None:
             modules = _attribute(self, "_mod_tracker", feature)
             self.observe(

@@ -79,14 +79,23 @@ _COLLECTIVES: dict[str, str] = {
 _NOT_COMMUNICATION = {"wait_tensor", "barrier", "monitored_barrier_"}  # synchronisation, no payload
 _IS_COLLECTIVE: dict = {}  # op overload -> whether it is a c10d collective
 
+
+
+def _leaf(*names: str) -> str:
+    """The first of `names` this torch defines. torch 2.13 renamed `all_gather_into_tensor` and
+    `reduce_scatter_tensor` to `*_single` and left the old names as aliases calling the new; before
+    it (2.11 on our GPU machine) the old names are the functions FSDP2 calls."""
+    return next(name for name in names if hasattr(c10d, name))
+
+
 # torch.distributed function -> the collective it is, and the names of its first two parameters: the
 # first holds what the c10d op takes first (its dtype and owner are recorded), the second the other
 # side of a gather or scatter. Only these "leaf" functions are wrapped: the deprecated aliases and
 # `broadcast_object_list` call them, so each collective is recorded once.
 _WRAPPED: dict[str, tuple[str, tuple[str, ...]]] = {
-    "all_gather_single": ("all_gather", ("output_tensor", "input_tensor")),
+    _leaf("all_gather_single", "all_gather_into_tensor"): ("all_gather", ("output_tensor", "input_tensor")),
     "all_gather": ("all_gather", ("tensor_list", "tensor")),
-    "reduce_scatter_single": ("reduce_scatter", ("output", "input")),
+    _leaf("reduce_scatter_single", "reduce_scatter_tensor"): ("reduce_scatter", ("output", "input")),
     "reduce_scatter": ("reduce_scatter", ("output", "input_list")),
     "all_reduce": ("all_reduce", ("tensor",)),
     "broadcast": ("broadcast", ("tensor",)),
