@@ -46,6 +46,19 @@ def _hypothesis_seed_line() -> str:
     return f"hypothesis: profile dev, seed {seed} (rerun with --hypothesis-seed={seed})"
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark `torch` every test of a module that uses torch or the lab engine: `make test-torch211`
+    runs those again on torch 2.11, the lent GPU machine's release."""
+    uses_torch: dict[Path, bool] = {}
+    for item in items:
+        path = Path(item.path)
+        if path not in uses_torch:
+            text = path.read_text(encoding="utf-8")
+            uses_torch[path] = "import torch" in text or "sharding_lab" in text
+        if uses_torch[path]:
+            item.add_marker(pytest.mark.torch)
+
+
 def pytest_report_header(config) -> str:
     return _hypothesis_seed_line()
 

@@ -13,8 +13,11 @@ def test_each_accessor_resolves_in_this_torch(name):
     assert internals.ACCESSORS[name]() is not None
 
 
-def test_this_torch_is_one_the_engine_supports():
-    assert internals.torch_version() >= internals.MINIMUM_TORCH
+def test_this_torch_is_one_the_engine_has_run_on():
+    from sharding_lab import torch_versions
+
+    assert torch_versions.check(torch.__version__) is None
+    assert torch_versions.OLDEST <= internals.torch_version() <= torch_versions.NEWEST
 
 
 def test_a_missing_internal_names_the_torch_version_and_the_feature_lost(monkeypatch):

@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import functools
 import importlib
-import re
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
 
-# The versions this engine's tests have run on (CI's CPU build).
-TESTED_TORCH_VERSIONS: tuple[str, ...] = ("2.13",)
-MINIMUM_TORCH = (2, 6)  # FSDP2's fully_shard and the _tools trackers with FSDP support
+from sharding_lab import torch_versions
 
 
 class TorchInternalMissing(RuntimeError):
@@ -28,28 +26,23 @@ class TorchInternalMissing(RuntimeError):
 
 
 def torch_version() -> tuple[int, int]:
-    match = re.match(r"(\d+)\.(\d+)", torch.__version__)
-    if match is None:  # a build string we cannot read: assume it is new enough
-        return (99, 0)
-    return int(match.group(1)), int(match.group(2))
+    """(major, minor) of this torch; a build string that does not read as one counts as new."""
+    return torch_versions.minor(torch.__version__) or (99, 0)
 
 
-def _check_version() -> None:
-    if torch_version() < MINIMUM_TORCH:
-        minimum = ".".join(map(str, MINIMUM_TORCH))
-        raise RuntimeError(
-            f"sharding_lab needs torch >= {minimum} (FSDP2 and its memory trackers); this is torch "
-            f"{torch.__version__}. Tested on torch {', '.join(TESTED_TORCH_VERSIONS)}."
-        )
+def _tested_on() -> str:
+    return ", ".join(build for build, _ in torch_versions.RUN_ON)
 
 
-_check_version()
+# The parent checked the installed torch before starting ranks; a rank checks the torch it imported.
+if (_warning := torch_versions.check(torch.__version__)) is not None:
+    print(f"sharding_lab: {_warning}", file=sys.stderr)
 
 
 def _missing(what: str, feature: str, error: Exception) -> TorchInternalMissing:
     return TorchInternalMissing(
         f"torch {torch.__version__} has no {what} ({type(error).__name__}: {error}); "
-        f"without it {feature} cannot work. Tested on torch {', '.join(TESTED_TORCH_VERSIONS)}."
+        f"without it {feature} cannot work. Run on torch {_tested_on()}."
     )
 
 

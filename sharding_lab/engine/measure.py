@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import gc
 import statistics
+import sys
 import time
 import warnings
 import weakref
@@ -33,7 +34,7 @@ from collections.abc import Callable, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING
 
-from sharding_lab import analytic
+from sharding_lab import analytic, torch_versions
 from sharding_lab.engine.launch import RankContext, cuda_device_count, run_ranks, under_torchrun
 from sharding_lab.measurement import Measurement
 from sharding_lab.run_config import Placement, PlacementChoice, RunConfig, resolve_placement
@@ -63,6 +64,8 @@ def measure_many(
     """
     if not configs:
         return []
+    if (warning := torch_versions.check(torch_versions.installed())) is not None:  # before any rank starts
+        print(f"sharding-lab: {warning}", file=sys.stderr)
     first = configs[0]
     for config in configs:
         if (config.world_size, config.device, config.placement) != (first.world_size, first.device, first.placement):
