@@ -119,6 +119,33 @@ def test_the_same_command_runs_under_torchrun_and_only_rank_0_prints():
 
 
 @pytest.mark.slow
+def test_on_cuda_the_report_puts_the_allocators_peak_beside_the_trackers():
+    from dataclasses import replace
+
+    from sharding_lab.report import allocator_lines, render_measurement
+
+    cpu = typed()["ddp"]
+    assert allocator_lines(cpu) == []  # CPU has no allocator figure: nothing to set beside the tracker's
+    peak = cpu.ranks[0].peak_bytes
+    # A CUDA measurement as the engine reports one: the allocator's peak 10% above the tracker's.
+    on_cuda = replace(cpu, ranks=[replace(r, cuda_max_memory_allocated=int(r.peak_bytes * 1.1)) for r in cpu.ranks])
+    console = Console(record=True, width=250)
+    render_measurement(on_cuda, console)
+    text = console.export_text()
+    assert "peak, CUDA allocator (max_memory_allocated)" in text
+    gap = int(peak * 1.1) - peak
+    assert f"({gap / int(peak * 1.1):.1%} of the allocator's) not in the tracker's categories" in text
+    assert "DDP's mixed precision" not in text
+    # DDP with bf16 mixed precision: the bf16 copies' bytes (2 per parameter) and where the tracker fails.
+    mixed = replace(on_cuda, config=replace(on_cuda.config, mixed_precision=True))
+    lines = allocator_lines(mixed)
+    assert len(lines) == 2 and "Read the allocator's peak" in lines[1]
+    from sharding_lab.units import human_bytes
+
+    assert f"2 B per parameter, {human_bytes(2 * cpu.config.num_params)} here" in lines[1]
+
+
+@pytest.mark.slow
 def test_tables_show_measured_beside_predicted():
     from sharding_lab.report import render_comparison, render_measurement
 
