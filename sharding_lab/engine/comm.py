@@ -80,7 +80,6 @@ _NOT_COMMUNICATION = {"wait_tensor", "barrier", "monitored_barrier_"}  # synchro
 _IS_COLLECTIVE: dict = {}  # op overload -> whether it is a c10d collective
 
 
-
 def _leaf(*names: str) -> str:
     """The first of `names` this torch defines. torch 2.13 renamed `all_gather_into_tensor` and
     `reduce_scatter_tensor` to `*_single` and left the old names as aliases calling the new; before
