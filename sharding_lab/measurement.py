@@ -114,6 +114,8 @@ class RankMemory:
     unsharded_params_after_forward_bytes: int  # gathered parameters alive when forward returns
     cuda_max_memory_allocated: int | None  # torch.cuda's figure on CUDA, None on CPU
     activations_after_forward_bytes: int = 0  # what forward saved for backward, when the (last) forward returns
+    # The most gathered parameters and all-gather output buffers alive at once (0 in files from before it).
+    gathered_with_buffers_peak_bytes: int = 0
 
     def part_bytes(self, part: str) -> int:
         return {"params": self.params_bytes, "grads": self.grads_bytes, "optimizer": self.optimizer_bytes}[part]
@@ -364,6 +366,11 @@ class Measurement:
     def unsharded_peak(self) -> list[int]:
         """The most bytes of gathered (full) parameters held at once during the step, per rank."""
         return [rank.unsharded_params_peak_bytes for rank in self.ranks]
+
+    def gathered_with_buffers_peak(self) -> list[int]:
+        """The most bytes of gathered parameters and all-gather output buffers held at once, per rank: a
+        prefetched block's parameters wait in their buffer while the current block's are in use."""
+        return [rank.gathered_with_buffers_peak_bytes for rank in self.ranks]
 
     def all_gather_buffer_peak(self) -> list[int]:
         """The most bytes held in all-gather output buffers at once, per rank: gathered bytes waiting to be

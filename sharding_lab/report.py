@@ -20,6 +20,7 @@ _MEMORY_ROWS: tuple[tuple[str, str, str | None], ...] = (
     ("peak", "peak_bytes", None),
     ("gathered params after forward", "unsharded_params_after_forward_bytes", None),
     ("gathered params, most at once", "unsharded_params_peak_bytes", None),
+    ("gathered params + all-gather buffers, most at once", "gathered_with_buffers_peak_bytes", None),
 )
 
 
@@ -165,7 +166,8 @@ def render_comparison(by_strategy: dict[str, Measurement], console: Console | No
 
     rows = _memory_rows(next(iter(by_strategy.values())))
     for label, name, part in rows:
-        if name in ("padding_bytes", "persistent_bytes", "unsharded_params_peak_bytes"):
+        if name in ("padding_bytes", "persistent_bytes", "unsharded_params_peak_bytes",
+                    "gathered_with_buffers_peak_bytes"):
             continue
         cells = []
         for m in by_strategy.values():

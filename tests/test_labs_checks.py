@@ -285,6 +285,26 @@ def test_doctoring_does_not_leak_into_the_shared_measurements(measured):
     assert zero3.part_bytes("optimizer") == [8 * zero3.num_params // WORLD_SIZE] * WORLD_SIZE
 
 
+def test_prefetch_cost_is_judged_on_gathered_params_and_buffers_not_on_the_whole_peak(measured):
+    # The whole peak moves with when gloo's thread frees temporaries (once equal with and without
+    # prefetching, which failed the old check); the check reads what prefetching itself holds.
+    raw = as_json(lab_measurements(measured, "prefetch-overlap"))
+    on, off = raw[PREFETCH_ON]["memory"]["per_rank"][0], raw[PREFETCH_OFF]["memory"]["per_rank"][0]
+    on["peak_bytes"] = off["peak_bytes"]
+    assert LABS["prefetch-overlap"].check(from_json(raw)).holds is True
+    on["gathered_with_buffers_peak_bytes"] = off["gathered_with_buffers_peak_bytes"]
+    verdict = LABS["prefetch-overlap"].check(from_json(raw))
+    assert verdict.holds is False
+    block = next(
+        c["bytes"] for c in raw[PREFETCH_ON]["comm"]["collectives"]
+        if (c["op"], c["phase"], c["module"]) == ("all_gather", "forward", "blocks.0")
+    )
+    assert [r for r in verdict.reasons if r.startswith("NOT")] == [
+        f"NOT prefetching costs memory: at most 0 B more gathered parameters and all-gather buffers held at once "
+        f"(a block is {block:,} B)"
+    ]
+
+
 def test_prefetch_finding_reports_the_profilers_overlap_when_the_run_has_one(measured):
     # CUDA runs carry the profiler's overlap; CPU runs do not, and the finding says why order is the evidence.
     raw = as_json(lab_measurements(measured, "prefetch-overlap"))

@@ -83,6 +83,18 @@ def test_reshard_after_forward_keeps_at_most_the_root_and_a_block_or_two_gathere
 
 
 @slow
+def test_prefetching_holds_exactly_one_more_block_in_gathered_params_and_all_gather_buffers():
+    ms = measurements()
+    root, block = unit_bytes(ms["zero3"])
+    for on, off in zip(ms["zero3"]["memory"]["per_rank"], ms["zero3 no prefetch"]["memory"]["per_rank"], strict=True):
+        # Without prefetching the most is at a block's copy-out: the root, the block's all-gather buffer and
+        # the parameters copied out of it, the previous block already resharded.
+        assert off["gathered_with_buffers_peak_bytes"] == root + 2 * block
+        # With it, the next block's buffer is also in flight.
+        assert on["gathered_with_buffers_peak_bytes"] == root + 3 * block
+
+
+@slow
 def test_without_reshard_after_forward_every_block_stays_gathered_until_backward():
     m = measurements()["zero2"]
     full = 4 * m["config"]["num_params"]
@@ -97,6 +109,7 @@ def test_ddp_parameters_are_always_whole():
     m = measurements()["ddp"]
     for rank in m["memory"]["per_rank"]:
         assert rank["unsharded_params_after_forward_bytes"] == rank["params_bytes"] == 4 * m["config"]["num_params"]
+        assert rank["gathered_with_buffers_peak_bytes"] == rank["params_bytes"]  # no all-gather buffers
 
 
 @slow

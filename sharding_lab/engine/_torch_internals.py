@@ -230,9 +230,10 @@ def _ignoring_propagation_scratch(tracker_class: type) -> type:
     return IgnoresPropagationScratch
 
 
-def with_category_peaks(tracker_class: type) -> type:
+def with_category_peaks(tracker_class: type, joint: tuple[str, ...] = ()) -> type:
     """A subclass of a torch tracker that also keeps each category's own maximum, per device, in
-    `category_peaks`: the snapshot update is private, so the hook into it lives here. Like every
+    `category_peaks`, and the maximum of the `joint` categories' sum (tracker category names) in
+    `joint_peaks`: the snapshot update is private, so the hook into it lives here. Like every
     tracker made here, it leaves DTensor's shape-propagation scratch out."""
     _attribute(tracker_class, "_update_snap", _TRACKING)
 
@@ -240,11 +241,17 @@ def with_category_peaks(tracker_class: type) -> type:
         def _update_snap(self, *args: Any, **kwargs: Any) -> None:
             super()._update_snap(*args, **kwargs)
             peaks = self.__dict__.setdefault("category_peaks", {})
+            joint_peaks = self.__dict__.setdefault("joint_peaks", {})
             for device, snapshot in tracker_current_snapshot(self).items():
                 device_peaks = peaks.setdefault(device, {})
+                together = 0
                 for key, value in snapshot.items():
                     if value > device_peaks.get(key, 0):
                         device_peaks[key] = value
+                    if getattr(key, "value", key) in joint:
+                        together += value
+                if together > joint_peaks.get(device, 0):
+                    joint_peaks[device] = together
 
     KeepsCategoryPeaks.__name__ = f"{tracker_class.__name__}WithCategoryPeaks"
     return KeepsCategoryPeaks

@@ -123,8 +123,12 @@ def _normalise(snapshot: dict[str, int]) -> dict[str, int]:
     return categories
 
 
+def _gathered_param_category(fsdp: bool) -> str:
+    return "Unsharded Param" if fsdp else "Parameter"  # DDP's parameters are never sharded
+
+
 def _unsharded_params(snapshot: dict[str, int], fsdp: bool) -> int:
-    wanted = "Unsharded Param" if fsdp else "Parameter"  # DDP's parameters are never sharded
+    wanted = _gathered_param_category(fsdp)
     return sum(v for k, v in snapshot.items() if getattr(k, "value", k) == wanted)
 
 
@@ -134,10 +138,14 @@ class MemoryTracker:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device):
         self.device = device
         self.fsdp = isinstance(model, FSDPModule)
+        # Gathered parameters and the all-gather buffers they are copied out of, held together: what
+        # explicit prefetching adds to (the next block waits in its buffer), whatever temporaries do.
+        gathered = (_gathered_param_category(self.fsdp), "All Gather")
         if self.fsdp:
-            self._tracker = internals.with_category_peaks(internals.fsdp_mem_tracker_class())(model, optimizer)
+            tracker_class = internals.with_category_peaks(internals.fsdp_mem_tracker_class(), gathered)
+            self._tracker = tracker_class(model, optimizer)
         else:
-            self._tracker = internals.with_category_peaks(internals.mem_tracker_class())()
+            self._tracker = internals.with_category_peaks(internals.mem_tracker_class(), gathered)()
             self._tracker.track_external(model, getattr(optimizer, "optim", optimizer))
         self.after_forward: dict[str, int] | None = None
         self.persistent: dict[str, int] | None = None
@@ -191,6 +199,7 @@ class MemoryTracker:
             },
             "unsharded_params_peak_bytes": int(_unsharded_params(category_peaks, self.fsdp)),
             "unsharded_params_after_forward_bytes": int(_unsharded_params(self.after_forward or {}, self.fsdp)),
+            "gathered_with_buffers_peak_bytes": int(self._tracker.__dict__.get("joint_peaks", {}).get(key, 0)),
             "activations_after_forward_bytes": _normalise(self.after_forward or {})["activations"],
             "cuda_max_memory_allocated": (
                 int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda" else None
