@@ -107,13 +107,17 @@ def test_compare_json_holds_every_strategy_from_one_launch(capsys):
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("torchrun", path=str(VENV_BIN)) is None, reason="torchrun not installed")
-def test_the_same_command_runs_under_torchrun_and_only_rank_0_prints():
+# Three launches: when the results crossed in gloo collectives, a rank aborted at exit in 3 of 8 launches
+# ("terminate called without an active exception", gloo's thread dropping a tensor during shutdown).
+@pytest.mark.parametrize("launch", range(3))
+def test_the_same_command_runs_under_torchrun_and_only_rank_0_prints(launch):
     completed = subprocess.run(
         [str(VENV_BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "sharding_lab.cli",
          "measure", "--strategy", "zero2", "--world-size", "2", "--json"],
         capture_output=True, text=True, timeout=120,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "terminate called" not in completed.stderr
     m = json.loads(completed.stdout)
     assert m["config"]["strategy"] == "zero2" and len(m["memory"]["per_rank"]) == 2
 
