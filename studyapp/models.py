@@ -11,7 +11,7 @@ from datetime import date, datetime
 from enum import Enum
 from typing import Any
 
-from sqlalchemy import JSON, Column, Index
+from sqlalchemy import JSON, Column, Index, text
 from sqlmodel import Field, SQLModel
 
 from studyapp import sm2
@@ -32,7 +32,12 @@ class Card(SQLModel, table=True):
         # "Next due card" is one range scan on these: (retired, due_day, position) in order.
         Index("ix_card_next_due", "retired", "due_day", "position"),
         Index("ix_card_deck_next_due", "deck_id", "retired", "due_day", "position"),
-        Index("ix_card_repeat", "repeat_day", "last_reviewed_at"),
+        # Today's step-7 repeats: only cards with one are in it, so a grade of any other card
+        # leaves it alone (migration 0003).
+        Index(
+            "ix_card_repeat", "repeat_day", "last_reviewed_at",
+            sqlite_where=text("repeat_day IS NOT NULL"), postgresql_where=text("repeat_day IS NOT NULL"),
+        ),
     )
 
     id: int | None = Field(default=None, primary_key=True)

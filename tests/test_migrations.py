@@ -29,6 +29,7 @@ from studyapp.sync import sync_bank
 
 pytestmark = pytest.mark.slow  # old code in a subprocess, whole review histories migrated down and up
 
+HEAD = "0003"
 REPO = Path(__file__).resolve().parent.parent
 TESTS = Path(__file__).resolve().parent
 
@@ -41,8 +42,35 @@ def schema_diff(engine) -> list:
 
 def test_the_app_builds_a_new_database_by_migrating_to_head(app):
     engine = get_engine(app)
-    assert migrate.current_revision(engine) == migrate.head_revision() == "0002"
+    assert migrate.current_revision(engine) == migrate.head_revision() == HEAD
     assert schema_diff(engine) == [], "the models changed without a migration: run `studyapp db revision -m ...`"
+
+
+def _repeat_index_definition(engine) -> str:
+    query = {
+        "sqlite": "SELECT sql FROM sqlite_master WHERE name = 'ix_card_repeat'",
+        "postgresql": "SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_card_repeat'",
+    }[engine.dialect.name]
+    with engine.connect() as connection:
+        return connection.execute(text(query)).scalar_one()
+
+
+def test_the_repeat_index_holds_only_cards_with_a_repeat_and_serves_the_repeat_lookup(app):
+    engine = get_engine(app)
+    assert "repeat_day IS NOT NULL" in _repeat_index_definition(engine)
+    if engine.dialect.name == "sqlite":
+        # Today's repeats, oldest first, as the study queue asks: `repeat_day = ?` implies the index's
+        # condition, so SQLite searches it (PostgreSQL's planner would scan a table this small anyway).
+        with engine.connect() as connection:
+            plan = connection.execute(text(
+                "EXPLAIN QUERY PLAN SELECT id FROM card WHERE repeat_day = :today AND retired IS 0 "
+                "ORDER BY last_reviewed_at LIMIT 1"
+            ), {"today": "2026-03-02"}).all()
+        assert any("USING INDEX ix_card_repeat" in row[-1] for row in plan), plan
+    assert migrate.downgrade(engine, "0002") == "0002"
+    assert "WHERE" not in _repeat_index_definition(engine).upper()  # the full index back
+    assert migrate.upgrade(engine) == HEAD
+    assert "repeat_day IS NOT NULL" in _repeat_index_definition(engine)
 
 
 def test_upgrading_keeps_every_review_and_downgrading_back_works(app, client, clock):
@@ -58,7 +86,7 @@ def test_upgrading_keeps_every_review_and_downgrading_back_works(app, client, cl
     assert migrate.downgrade(engine, "0001") == "0001"
     assert "duration_ms" not in {c["name"] for c in inspect(engine).get_columns("reviewlog")}
     assert table_rows(engine) == before
-    assert migrate.upgrade(engine) == "0002"
+    assert migrate.upgrade(engine) == HEAD
     assert table_rows(engine, skip_columns=frozenset({"duration_ms"})) == before
     assert_cards_replay(engine)
     assert schema_diff(engine) == []
@@ -68,12 +96,12 @@ def test_db_commands_report_and_upgrade(app, runner, caplog):
     engine = get_engine(app)
     migrate.downgrade(engine, "0001")
     result = runner.invoke(args=["db", "current"])
-    assert result.exit_code == 0 and "database at revision 0001 (head is 0002)" in result.output
+    assert result.exit_code == 0 and f"database at revision 0001 (head is {HEAD})" in result.output
     result = runner.invoke(args=["db", "upgrade"])
     assert result.exit_code == 0, result.output
-    assert "database at revision 0002 (head is 0002)" in result.output
-    assert migrate.current_revision(engine) == "0002"
-    assert "database schema upgraded from 0001 to 0002" in caplog.text
+    assert f"database at revision {HEAD} (head is {HEAD})" in result.output
+    assert migrate.current_revision(engine) == HEAD
+    assert f"database schema upgraded from 0001 to {HEAD}" in caplog.text
 
 
 def test_a_partial_schema_without_history_is_refused(database_url, tmp_path):
@@ -177,8 +205,8 @@ def test_a_database_made_before_migrations_is_adopted_and_upgraded(database_url,
         instance_path=str(tmp_path / "instance"),
     )
     engine = get_engine(app)
-    assert migrate.current_revision(engine) == "0002"
-    assert "database schema upgraded from before migrations to 0002" in caplog.text
+    assert migrate.current_revision(engine) == HEAD
+    assert f"database schema upgraded from before migrations to {HEAD}" in caplog.text
     assert table_rows(engine, skip_columns=frozenset({"duration_ms"})) == before
     with engine.connect() as connection:
         assert connection.execute(text("SELECT count(*) FROM reviewlog WHERE duration_ms IS NOT NULL")).scalar() == 0
@@ -206,7 +234,7 @@ def test_app_processes_starting_together_migrate_once(database_url, tmp_path):
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
     outputs = [process.communicate(timeout=120) for process in processes]
     assert [p.returncode for p in processes] == [0, 0, 0], [err[-2000:] for _, err in outputs]
-    assert [out.strip() for out, _ in outputs] == ["0002"] * 3
+    assert [out.strip() for out, _ in outputs] == [HEAD] * 3
     engine = make_engine(database_url)
     assert schema_diff(engine) == []
     engine.dispose()
@@ -225,15 +253,15 @@ def test_a_migration_that_fails_leaves_the_database_as_it_was(database_url, monk
         migrate.upgrade(engine)
     assert inspect(engine).get_table_names() == []  # all or nothing, on SQLite too
     monkeypatch.undo()
-    assert migrate.upgrade(engine) == "0002"
+    assert migrate.upgrade(engine) == HEAD
     engine.dispose()
 
 
 def test_db_revision_writes_the_next_migration_from_the_models(app, runner, tmp_path, monkeypatch):
     """What a developer runs after changing a model: here the models are ahead of a copy of the
-    migrations that lacks 0002, so the new script must add reviewlog.duration_ms."""
+    migrations that lacks 0002 (and 0003 after it), so the new script must add reviewlog.duration_ms."""
     scripts = tmp_path / "migrations"
-    shutil.copytree(migrate.MIGRATIONS_DIR, scripts, ignore=shutil.ignore_patterns("__pycache__", "0002_*"))
+    shutil.copytree(migrate.MIGRATIONS_DIR, scripts, ignore=shutil.ignore_patterns("__pycache__", "0002_*", "0003_*"))
     migrate.downgrade(get_engine(app), "0001")
     monkeypatch.setattr(migrate, "MIGRATIONS_DIR", scripts)
     result = runner.invoke(args=["db", "revision", "-m", "answer time"])
