@@ -2,8 +2,9 @@
 
 The index serves one lookup, "today's repeats, oldest first" (repeat_day = today), and a card
 without a repeat never matches it. As a full index it took an entry for every card, and every
-grade moved that card's entry (its last_reviewed_at changes): two more pages in the grade's
-durable write. Partial, a grade touches it only when the card enters or leaves a repeat.
+grade moved that card's entry (its last_reviewed_at changes): a delete and an insert in the index
+within the grade's durable write. Partial, a grade touches it only when the card enters or leaves a
+repeat.
 
 Revision ID: 0003
 Revises: 0002
