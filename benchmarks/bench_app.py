@@ -177,10 +177,23 @@ def submit_throughput(folder: Path) -> list[tuple[float, float, float]]:
                 body = {"csrf_token": token, "card_id": card_id, "version": 0, "choice": 0, "quality": 5}
                 assert _post(port, "/bench/write", body, cookie) == 200
             rounds.append((submit_rate, bare_rate, SUBMITS_PER_ROUND / (time.perf_counter() - started)))
+        _check_every_write_stored(url, graded=card_id - 1)
         return rounds
     finally:
         server.terminate()
         server.join(timeout=10)
+
+
+def _check_every_write_stored(url: str, graded: int) -> None:
+    """A write that was never committed would be cheap: hold each timed one to a stored review row."""
+    engine = make_engine(url)
+    with engine.connect() as connection:
+        grades = connection.exec_driver_sql("SELECT count(*) FROM reviewlog WHERE submission_id LIKE 'card%'").scalar_one()
+        floors = connection.exec_driver_sql("SELECT count(*) FROM reviewlog WHERE submission_id LIKE 'floor-%'").scalar_one()
+    engine.dispose()
+    expected = SUBMITS_PER_ROUND * ROUNDS
+    if (grades, floors) != (graded, expected):
+        raise RuntimeError(f"the database holds {grades} grades and {floors} floor writes, not {graded} and {expected}")
 
 
 def fetch_time(url: str) -> float:
