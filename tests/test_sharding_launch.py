@@ -124,7 +124,7 @@ def test_a_rank_killed_by_a_signal_is_named(children_before_the_test):
     with pytest.raises(RankFailed) as failure:
         run_ranks(killed_in_rank_1, 2, timeout_s=120)
     assert failure.value.rank == 1
-    assert "signal 9" in failure.value.reason
+    assert "signal 9" in failure.value.reason and "out-of-memory killer" in failure.value.reason
     assert new_children(children_before_the_test) == []
 
 

@@ -333,6 +333,8 @@ def _root_cause(processes, done: dict, errors: dict) -> RankFailed:
         rank = silent[0]
         code = processes[rank].exitcode
         how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        if code == -signal.SIGKILL:
+            how += ": SIGKILL, on Linux most often the kernel's out-of-memory killer"
         reason = f"process died without reporting ({how})"
         if errors:
             peer, trace = next(iter(errors.items()))

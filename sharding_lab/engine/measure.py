@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING
 
-from sharding_lab import analytic, torch_versions
+from sharding_lab import analytic, host_memory, torch_versions
 from sharding_lab.engine.launch import RankContext, cuda_device_count, run_ranks, under_torchrun
 from sharding_lab.measurement import Measurement
 from sharding_lab.run_config import Placement, PlacementChoice, RunConfig, resolve_placement
@@ -80,6 +80,8 @@ def measure_many(
             raise ValueError(f"{config.strategy} with mixed precision needs CUDA (DDP's mixed precision uses CUDA events)")
         if config.check_gradients and choice.placement is Placement.RANK_VIEW:
             raise ValueError("gradient parity needs real ranks: in a rank view collectives move no data")
+    if not under_torchrun():  # CPU ranks share this host's memory; under torchrun they may span hosts
+        host_memory.check_fits(configs, host_memory.available_bytes())
     if on_progress:
         on_progress(choice.note or f"starting {first.world_size} ranks for {len(configs)} configuration(s)")
     launcher = run_ranks if pools is None or under_torchrun() else pools.run

@@ -1,0 +1,70 @@
+"""The parent's check that CPU ranks can hold their model states in host memory (sharding_lab.host_memory):
+the floor is arithmetic on the model's shape, the memory figure is the kernel's, and a launch over it is
+refused before any rank starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from sharding_lab import cli
+from sharding_lab.host_memory import HostMemoryTooSmall, available_bytes, check_fits, model_states_floor
+from sharding_lab.run_config import RunConfig
+
+
+def gpt2_small_params() -> int:
+    """Ψ of the `gpt2-small` size by hand: nanoGPT with biases and an untied head, vocabulary 50,304."""
+    vocab, positions, width, layers = 50_304, 1_024, 768, 12
+    block = (2 * width) + (width * 3 * width + 3 * width) + (width * width + width) + (2 * width) \
+        + (width * 4 * width + 4 * width) + (4 * width * width + width)
+    return vocab * width + positions * width + layers * block + 2 * width + vocab * width
+
+
+PSI = gpt2_small_params()
+
+
+@pytest.mark.parametrize(
+    ("strategy", "world_size", "replicas", "expected"),
+    [
+        ("ddp", 2, 1, 2 * 16 * PSI),  # everything on every rank
+        ("zero1", 4, 1, 4 * (4 + 4) * PSI + 8 * PSI),  # Adam state once across the ranks
+        ("zero2", 4, 1, 16 * PSI),  # FSDP2 reshards parameters between steps as well
+        ("zero3", 4, 1, 16 * PSI),
+        ("zero3", 4, 2, 2 * 16 * PSI),  # HSDP: one sharded copy per replica
+    ],
+)
+def test_the_floor_is_each_part_once_per_shard_group_or_once_per_rank(strategy, world_size, replicas, expected):
+    config = RunConfig.of(strategy, world_size=world_size, replicas=replicas, size="gpt2-small")
+    assert model_states_floor(config) == expected
+
+
+def test_available_memory_is_memavailable_capped_by_the_cgroups_own_limit(tmp_path):
+    meminfo, cgroup = tmp_path / "meminfo", tmp_path / "cgroup"
+    meminfo.write_text("MemTotal:       24000000 kB\nMemFree:         1000 kB\nMemAvailable:   20000000 kB\n")
+    cgroup.mkdir()
+    assert available_bytes(meminfo, cgroup) == 20_000_000 * 1024  # no cgroup files: MemAvailable
+    (cgroup / "memory.max").write_text("max\n")
+    (cgroup / "memory.current").write_text("5000000000\n")
+    assert available_bytes(meminfo, cgroup) == 20_000_000 * 1024  # no limit set
+    (cgroup / "memory.max").write_text("8000000000\n")
+    assert available_bytes(meminfo, cgroup) == 3_000_000_000  # the container's own room is smaller
+    assert available_bytes(tmp_path / "absent", tmp_path / "absent") is None
+
+
+def test_a_launch_over_the_floor_is_refused_with_its_figures_and_one_under_it_runs():
+    ddp = RunConfig.of("ddp", world_size=2, size="gpt2-small")
+    check_fits([ddp], available=2 * 16 * PSI)  # exactly the floor: allowed
+    with pytest.raises(HostMemoryTooSmall) as refused:
+        check_fits([RunConfig.of("zero3", world_size=2), ddp], available=2 * 16 * PSI - 1)
+    message = str(refused.value)
+    assert "ddp on 2 CPU rank(s) of gpt2-small" in message and f"{PSI:,} parameters" in message
+    assert "or zero3, which shards them" in message and "sharding-lab plan --size gpt2-small" in message
+    check_fits([ddp.replace(device="cuda")], available=1)  # GPU memory is not the host's
+    check_fits([ddp], available=None)  # unknown (not Linux): nothing to check
+
+
+def test_the_cli_refuses_a_model_no_machine_here_can_hold_before_any_rank_starts(capsys):
+    # 70b under DDP on 2 CPU ranks: 2 x 16 bytes x 65.3e9 parameters, about 1.9 TiB.
+    assert cli.main(["measure", "--strategy", "ddp", "--world-size", "2", "--size", "70b", "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "needs at least 1.9 TiB of host memory" in captured.err and "Traceback" not in captured.err
