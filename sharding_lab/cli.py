@@ -180,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args)
     except RankFailed as failure:
-        print(f"sharding-lab: {failure}", file=sys.stderr)
+        print(f"sharding-lab: {failure.for_user()}", file=sys.stderr)
         return 1
     except ValueError as error:  # a combination the engine refuses, e.g. DDP mixed precision on CPU
         print(f"sharding-lab: {error}", file=sys.stderr)

@@ -47,15 +47,24 @@ def test_unknown_strategy_is_a_usage_error(capsys):
     assert "invalid choice" in capsys.readouterr().err
 
 
-def test_a_failed_rank_is_reported_on_stderr_with_status_1(monkeypatch, capsys):
+def test_a_failed_rank_is_reported_on_stderr_with_status_1_and_its_traceback_saved_aside(monkeypatch, capsys):
+    trace = 'Traceback (most recent call last):\n  File "rank.py", line 1, in step\nRuntimeError: boom'
+
     def failing_measure_many(*args, **kwargs):
-        raise RankFailed(1, "raised an exception:\nRuntimeError: boom")
+        raise RankFailed(1, "raised RuntimeError: boom", trace)
 
     monkeypatch.setattr("sharding_lab.engine.measure.measure_many", failing_measure_many)
     assert cli.main(["measure", "--strategy", "ddp", "--json"]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert "rank 1 failed" in captured.err and "boom" in captured.err
+    line = captured.err.strip()
+    assert line.startswith("sharding-lab: rank 1 failed: raised RuntimeError: boom (rank 1's traceback: ")
+    assert "Traceback" not in line and "\n" not in line
+    saved = Path(line.rsplit(": ", 1)[1].rstrip(")"))
+    try:
+        assert saved.read_text() == trace + "\n"
+    finally:
+        saved.unlink()
 
 
 def test_a_refused_combination_is_a_usage_error_before_any_rank_starts(capsys):

@@ -103,8 +103,31 @@ def test_a_crash_in_rank_1_ends_the_run_naming_rank_1(children_before_the_test):
     with pytest.raises(RankFailed) as failure:
         run_ranks(crash_in_rank_1, 2, timeout_s=120)
     assert failure.value.rank == 1
-    assert "injected crash" in failure.value.reason and "Traceback" in failure.value.reason
+    # The reason names the exception in one line; the traceback is kept aside for a developer.
+    assert failure.value.reason == "raised RuntimeError: injected crash"
+    assert "Traceback" in failure.value.details and "crash_in_rank_1" in failure.value.details
     assert time.monotonic() - started < 60  # not the timeout: the error ended it
+    assert new_children(children_before_the_test) == []
+
+
+def out_of_memory_in_rank_0(ctx):
+    import torch
+    import torch.distributed as dist
+
+    if ctx.rank == 0:  # what the caching allocator raises when a GPU is full
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.\nSee the documentation.")
+    dist.all_reduce(torch.ones(1))
+    return ctx.rank
+
+
+def test_a_rank_out_of_gpu_memory_is_named_with_where_to_find_the_peak(children_before_the_test):
+    with pytest.raises(RankFailed) as failure:
+        run_ranks(out_of_memory_in_rank_0, 2, timeout_s=120)
+    assert failure.value.rank == 0
+    assert failure.value.reason == (
+        "raised OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+        "(`sharding-lab plan` gives a configuration's peak per GPU without running it)"
+    )
     assert new_children(children_before_the_test) == []
 
 
@@ -114,8 +137,8 @@ def test_a_hang_in_rank_1_ends_the_run_at_the_timeout_naming_rank_1(children_bef
         # The timeout covers start-up too (importing torch on a loaded 2-core machine takes seconds).
         run_ranks(hang_in_rank_1, 2, timeout_s=15)
     assert failure.value.rank == 1
-    assert "hung" in failure.value.reason
-    assert "time.sleep" in failure.value.reason or "hang_in_rank_1" in failure.value.reason  # its stack
+    assert "hung" in failure.value.reason and "\n" not in failure.value.reason
+    assert "time.sleep" in failure.value.details or "hang_in_rank_1" in failure.value.details  # its stack
     assert time.monotonic() - started < 15 + 15
     assert new_children(children_before_the_test) == []
 

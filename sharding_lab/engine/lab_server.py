@@ -56,7 +56,7 @@ def answer(line: str, pools: Pools, timeout_s: float) -> dict:
     try:
         return {"result": run_lab(lab_id, world_size, device=device, pools=pools, timeout_s=timeout_s)}
     except Exception as error:  # noqa: BLE001 - a rank failed or hung, or the lab's code raised: an answer
-        return {"error": f"the engine failed: {type(error).__name__}: {error}"}
+        return {"error": f"the engine failed: {launch.for_user(error)}"}
 
 
 def main(idle_timeout_s: float | None, timeout_s: float) -> int:

@@ -46,12 +46,39 @@ _LABEL_WIDTH = 96  # bytes of shared memory per rank for its last progress label
 
 
 class RankFailed(RuntimeError):
-    """A rank raised, died or hung; the run was ended and every rank process stopped."""
+    """A rank raised, died or hung; the run was ended and every rank process stopped. `reason` says what
+    happened in a line or two; `details` holds the rank's traceback or Python stack, for a developer."""
 
-    def __init__(self, rank: int, reason: str):
+    def __init__(self, rank: int, reason: str, details: str = "", details_name: str = "traceback"):
         self.rank = rank
         self.reason = reason
+        self.details = details
+        self.details_name = details_name
         super().__init__(f"rank {rank} failed: {reason}")
+
+    def for_user(self) -> str:
+        """The failure as a user reads it: never a raw traceback. The details go to a file of their own,
+        named in the message."""
+        if not self.details:
+            return str(self)
+        with tempfile.NamedTemporaryFile(
+            "w", prefix=f"sharding-lab-rank{self.rank}-", suffix=".txt", delete=False
+        ) as file:
+            file.write(self.details + "\n")
+        return f"{self} (rank {self.rank}'s {self.details_name}: {file.name})"
+
+
+def for_user(error: BaseException) -> str:
+    """Any engine failure as a user reads it: a RankFailed's reason (details saved aside), anything else
+    as its type and message."""
+    return error.for_user() if isinstance(error, RankFailed) else f"{type(error).__name__}: {error}"
+
+
+def _error_report() -> tuple[str, str]:
+    """The exception a rank is handling, as (its type and the first line of its message, its traceback)."""
+    error = sys.exc_info()[1]
+    lines = str(error).strip().splitlines()
+    return (f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__), traceback.format_exc()
 
 
 @dataclass
@@ -186,7 +213,7 @@ def _rank_main(
         result = fn(ctx, *args)
         results.put((rank, "ok", result))
     except BaseException:
-        results.put((rank, "error", traceback.format_exc()))
+        results.put((rank, "error", _error_report()))
         sys.exit(1)
     # Tear down after reporting: a peer's failure must not turn a finished rank's result into an error.
     import torch.distributed as dist
@@ -337,11 +364,13 @@ def _root_cause(processes, done: dict, errors: dict) -> RankFailed:
             how += ": SIGKILL, on Linux most often the kernel's out-of-memory killer"
         reason = f"process died without reporting ({how})"
         if errors:
-            peer, trace = next(iter(errors.items()))
-            reason += f"; rank {peer} then failed: {trace.strip().splitlines()[-1]}"
+            peer, (summary, trace) = next(iter(errors.items()))
+            return RankFailed(rank, f"{reason}; rank {peer} then failed: {summary}", trace)
         return RankFailed(rank, reason)
-    rank, trace = next(iter(errors.items()))
-    return RankFailed(rank, f"raised an exception:\n{trace}")
+    rank, (summary, trace) = next(iter(errors.items()))
+    if summary.startswith("OutOfMemoryError"):
+        summary += " (`sharding-lab plan` gives a configuration's peak per GPU without running it)"
+    return RankFailed(rank, f"raised {summary}", trace)
 
 
 def _label(labels, rank: int) -> str:
@@ -364,11 +393,8 @@ def _raise_hung(processes, done, counts, labels, stack_dir: Path, timeout_s: flo
     stack = (stack_dir / f"rank{culprit}.txt").read_text(errors="replace").strip()
     progress = "; ".join(f"rank {r} at {_label(labels, r) or '(not started)'!r}" for r in unfinished)
     who = "" if len(laggards) == 1 else f" (ranks {laggards} equally far; naming the first)"
-    raise RankFailed(
-        culprit,
-        f"hung: no result within {timeout_s:g} s{who}. Progress: {progress}."
-        + (f"\nIts stack:\n{stack}" if stack else ""),
-    )
+    raise RankFailed(culprit, f"hung: no result within {timeout_s:g} s{who}. Progress: {progress}.", stack,
+                     "Python stack when it was found hung")
 
 
 def _stop_all(processes) -> None:

@@ -27,7 +27,6 @@ import sys
 import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -228,7 +227,7 @@ def _pool_rank_main(rank, world_size, init_method, device_type, placement, group
         ctx = RankContext(rank, world_size, rank, backend, device, mesh, counts, labels)
         ctx.mark("started")
     except BaseException:
-        results.put((rank, "error", traceback.format_exc()))
+        results.put((rank, "error", launch._error_report()))
         sys.exit(1)
     _freeze_heap()
     while (task := tasks.get()) is not _STOP:
@@ -238,7 +237,7 @@ def _pool_rank_main(rank, world_size, init_method, device_type, placement, group
             result = fn(ctx, *args)
             results.put((rank, "ok", (result, time.perf_counter() - started)))
         except BaseException:
-            results.put((rank, "error", traceback.format_exc()))
+            results.put((rank, "error", launch._error_report()))
             sys.exit(1)
         ctx.mark("idle")
         _freeze_heap()  # what the batch imported (FSDP, the trackers) stays; its garbage is gone

@@ -150,7 +150,9 @@ def run_run(args: argparse.Namespace) -> int:
     try:
         runs = _run_with_progress(lab_ids, args.world_size, args.size, args.device, timings)
     except Exception as error:  # the engine failed: a rank crashed or hung
-        print(f"sharding-lab run: the engine failed: {error}", file=sys.stderr)
+        from sharding_lab.engine.launch import for_user
+
+        print(f"sharding-lab run: the engine failed: {for_user(error)}", file=sys.stderr)
         return 1
     if args.export:
         write_summaries(runs, args.export)
