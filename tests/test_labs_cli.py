@@ -111,3 +111,12 @@ def test_run_one_lab_json_measures_and_holds():
     assert run["measurements"]["ddp"]["config"]["world_size"] == 2
     assert {"strategy", "world_size", "backend", "device", "torch_version"} <= set(run["config"])
     assert run["config"]["world_size"] == 2 and run["config"]["strategy"] == "ddp, zero3"
+
+
+def test_run_refuses_a_size_this_host_cannot_hold_before_any_rank_starts(capsys):
+    # what-fsdp-shards runs ddp: 70b's model states on 2 CPU ranks alone are about 1.9 TiB.
+    assert cli.main(["run", "what-fsdp-shards", "--size", "70b", "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("sharding-lab run: ddp on 2 CPU rank(s) of 70b")
+    assert "needs at least 1.9 TiB of host memory" in captured.err and "engine failed" not in captured.err

@@ -149,6 +149,9 @@ def run_run(args: argparse.Namespace) -> int:
     started, timings = time.perf_counter(), {}
     try:
         runs = _run_with_progress(lab_ids, args.world_size, args.size, args.device, timings)
+    except ValueError as error:  # refused before any rank started, e.g. too little host memory
+        print(f"sharding-lab run: {error}", file=sys.stderr)
+        return 2
     except Exception as error:  # the engine failed: a rank crashed or hung
         from sharding_lab.engine.launch import for_user
 
