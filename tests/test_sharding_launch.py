@@ -131,6 +131,34 @@ def test_a_rank_out_of_gpu_memory_is_named_with_where_to_find_the_peak(children_
     assert new_children(children_before_the_test) == []
 
 
+def test_under_torchrun_a_rank_that_raises_is_reported_as_a_spawned_one_is(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    # The environment torchrun gives its one rank of one: this process is rank 0, nothing is spawned.
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "PYTHONPATH": str(Path(__file__).parent)}
+    script = (
+        "from sharding_lab.engine.launch import RankFailed, run_ranks\n"
+        "from test_sharding_launch import out_of_memory_in_rank_0\n"
+        "try:\n"
+        "    run_ranks(out_of_memory_in_rank_0, 1, timeout_s=60)\n"
+        "except RankFailed as failure:\n"
+        "    print(failure.rank, failure.reason, 'Traceback' in failure.details, sep='|')\n"
+    )
+    completed = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert completed.stdout.strip().split("|") == [
+        "0",
+        "raised OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+        "(`sharding-lab plan` gives a configuration's peak per GPU without running it)",
+        "True",
+    ], completed.stderr
+
+
 def test_a_hang_in_rank_1_ends_the_run_at_the_timeout_naming_rank_1(children_before_the_test):
     started = time.monotonic()
     with pytest.raises(RankFailed) as failure:

@@ -229,7 +229,10 @@ def _run_under_torchrun(fn, args, timeout_s: float) -> list[Any]:
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     device, backend, mesh = _init_rank(rank, world_size, local_rank, device_type, "env://", timeout_s)
     try:
-        result = fn(RankContext(rank, world_size, local_rank, backend, device, mesh), *args)
+        try:
+            result = fn(RankContext(rank, world_size, local_rank, backend, device, mesh), *args)
+        except Exception:  # this process is the rank: its error, reported as a spawned rank's would be
+            raise _raised(rank, *_error_report()) from None
         return _exchange(result, rank, world_size, timeout_s)
     finally:
         dist.destroy_process_group()
@@ -368,6 +371,11 @@ def _root_cause(processes, done: dict, errors: dict) -> RankFailed:
             return RankFailed(rank, f"{reason}; rank {peer} then failed: {summary}", trace)
         return RankFailed(rank, reason)
     rank, (summary, trace) = next(iter(errors.items()))
+    return _raised(rank, summary, trace)
+
+
+def _raised(rank: int, summary: str, trace: str) -> RankFailed:
+    """Rank `rank` raised the exception `summary` names."""
     if summary.startswith("OutOfMemoryError"):
         summary += " (`sharding-lab plan` gives a configuration's peak per GPU without running it)"
     return RankFailed(rank, f"raised {summary}", trace)
