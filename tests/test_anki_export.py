@@ -391,6 +391,27 @@ def test_cli_writes_every_package(runner, tmp_path):
     assert result.exit_code != 0 and "no deck 'nope'" in result.output
 
 
+def test_a_failed_export_keeps_the_packages_it_had_and_says_why(runner, tmp_path, monkeypatch):
+    import studyapp.anki.package as package
+
+    write_bank(tmp_path / "ours")
+    out = tmp_path / "out"
+    args = ["export-anki", "--bank", str(tmp_path / "ours"), "--out", str(out)]
+    assert runner.invoke(args=args).exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def disk_fills(source, target, length):  # the collection's copy into the zip runs out of room midway
+        target.write(source.read(1000))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(package.shutil, "copyfileobj", disk_fills)
+    result = runner.invoke(args=args)
+    assert result.exit_code == 1
+    assert "cannot write the packages to" in result.output and "No space left on device" in result.output
+    assert "Traceback" not in result.output
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # every file as it was, nothing beside
+
+
 def test_studyapp_export_anki_carries_the_latest_finished_lab_run_from_the_database(app, runner, tmp_path):
     from sqlmodel import Session
 

@@ -50,6 +50,14 @@ def fresh_app(app_config: dict, tmp_path: Path, bank_dir: Path, name: str):
     return app
 
 
+def test_an_export_that_cannot_be_written_says_so_without_a_traceback(studied, runner, tmp_path):
+    target = tmp_path / "no-such-folder" / "history.csv"
+    result = runner.invoke(args=["export-history", "--out", str(target)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert f"cannot write {target}: No such file or directory; nothing was written" in result.output
+    assert list(tmp_path.glob("**/*history*")) == []
+
+
 @pytest.mark.parametrize("fmt", ["csv", "json"])
 def test_export_then_import_into_a_new_database_round_trips(studied, runner, app_config, tmp_path, bank_dir, fmt):
     exported = tmp_path / f"history.{fmt}"

@@ -14,6 +14,7 @@ from datetime import date
 
 import torch
 
+from sharding_lab import atomic_write
 from sharding_lab.engine.simulate import simulate
 from sharding_lab.labs.at_scale import SCALES, SIMULATED_FIGURES, lab_requests, request_key
 from sharding_lab.labs.base import Lab
@@ -56,5 +57,5 @@ def write_simulated_figures(labs: Iterable[Lab], on_progress: Callable[[str], No
         "seconds": round(time.perf_counter() - started, 1),
         "figures": figures,
     }
-    SIMULATED_FIGURES.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    atomic_write.write_text(SIMULATED_FIGURES, json.dumps(document, indent=1, sort_keys=True) + "\n")
     return document

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from sharding_lab import atomic_write
 from sharding_lab.labs.at_scale import at_scale_line
 from sharding_lab.labs.base import Lab, Report, RunSpec, Table, Verdict
 from sharding_lab.measurement import Measurements
@@ -125,4 +126,4 @@ def write_summaries(runs: Iterable[Mapping], path: Path) -> None:
     export writes it, so a rebuild of the decks leaves the file's layout unchanged."""
     path.parent.mkdir(parents=True, exist_ok=True)
     summaries = {run["lab"]: summarize(run) for run in runs}
-    path.write_text(json.dumps(summaries, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    atomic_write.write_text(path, json.dumps(summaries, indent=1, sort_keys=True) + "\n")

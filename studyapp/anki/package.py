@@ -21,6 +21,7 @@ from typing import Any
 
 import genanki
 
+from sharding_lab import atomic_write
 from studyapp import REPO_ROOT
 from studyapp.anki.manifest import MANIFEST_FILE, Manifest, read_manifest, restamp
 from studyapp.anki.note_type import note_type
@@ -109,7 +110,7 @@ def write_apkg(package: genanki.Package, path: Path, timestamp: int) -> None:
             connection.close()
         collection = zipfile.ZipInfo("collection.anki2", _ZIP_DATE)
         collection.file_size = database.stat().st_size
-        with zipfile.ZipFile(path, "w") as archive:
+        with atomic_write.replacing(path) as scratch, zipfile.ZipFile(scratch, "w") as archive:
             # Streamed, not read whole: at 10,000 notes the collection is 36 MB.
             with database.open("rb") as source, archive.open(collection, "w") as target:
                 shutil.copyfileobj(source, target, 1 << 20)
@@ -166,7 +167,7 @@ def export_anki(
     written = [write_package([deck], notes, manifest, out_dir / f"{deck.id}.apkg") for deck in chosen]
     if deck_id is None:
         written.append(write_package(chosen, notes, manifest, out_dir / ALL_DECKS_FILE))
-    (out_dir / MANIFEST_FILE).write_text(manifest.to_json(), encoding="utf-8")
+    atomic_write.write_text(out_dir / MANIFEST_FILE, manifest.to_json())
 
     # Record the results these notes were built with; with one deck, only its labs change.
     carried = read_lab_results(out_dir / LAB_RESULTS_FILE) if deck_id else {}
@@ -174,5 +175,5 @@ def export_anki(
         carried.pop(lab, None)
         if lab_results.get(lab):
             carried[lab] = carried_result(lab_results[lab])
-    (out_dir / LAB_RESULTS_FILE).write_text(json.dumps(carried, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    atomic_write.write_text(out_dir / LAB_RESULTS_FILE, json.dumps(carried, indent=1, sort_keys=True) + "\n")
     return written

@@ -95,6 +95,9 @@ def export_anki_command(deck_id: str | None, out_dir: Path | None, bank_dir: Pat
         written = export_anki(decks, out_dir, choose(from_db, from_file), int(time.time()), deck_id, previous)
     except ValueError as error:
         raise click.ClickException(str(error)) from error
+    except OSError as error:
+        where = error.filename or out_dir
+        raise click.ClickException(f"cannot write the packages to {out_dir}: {where}: {error.strerror or error}") from None
     click.echo(f"lab results: {len(from_db)} from the database, {len(set(from_file) - set(from_db))} from {results_file}")
     for path in written:
         click.echo(f"wrote {path}")

@@ -8,6 +8,7 @@ import click
 from flask import Flask, current_app
 from flask.cli import AppGroup
 
+from sharding_lab import atomic_write
 from sharding_lab.catalog import lab_info
 from studyapp.bank import BankError, load_bank, quiz_to_yaml
 from studyapp.db import get_engine
@@ -66,5 +67,5 @@ def bank_import_quiz_command(quiz_file: str, deck_id: str, out: str | None) -> N
         return
     if Path(out).exists():
         raise click.ClickException(f"{out} exists; not overwriting it")
-    Path(out).write_text(text, encoding="utf-8")
+    atomic_write.write_text(Path(out), text)
     click.echo(f"wrote {out}: mark the correct choices and fill in the blanks, then run `studyapp bank check`")

@@ -2,29 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import click
 from flask.cli import with_appcontext
 
+from sharding_lab import atomic_write
 from studyapp.db import get_engine
 from studyapp.history import HistoryError, history_rows, import_history, parse_history, render_history
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Write via a temporary file and rename, so a crash never leaves half a backup."""
-    fd, scratch = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(scratch, path)
-    except BaseException:
-        Path(scratch).unlink(missing_ok=True)
-        raise
 
 
 def _format_of(path: str | None, fmt: str | None) -> str:
@@ -42,7 +27,11 @@ def export_history_command(fmt: str | None, out: str | None) -> None:
     if out is None:
         click.echo(text, nl=False)
         return
-    _write_atomically(Path(out), text)
+    try:
+        # Whole or not at all, synced (a backup), readable by its owner only (it holds the review log).
+        atomic_write.write_text(Path(out), text, mode=0o600, durable=True)
+    except OSError as error:
+        raise click.ClickException(f"cannot write {out}: {error.strerror or error}; nothing was written") from None
     click.echo(f"wrote {len(rows)} reviews to {out}", err=True)
 
 
