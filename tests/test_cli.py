@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import ALPHA_DECK, write_bank
 from sqlmodel import Session, select
@@ -110,6 +111,33 @@ def test_serve_beyond_loopback_requires_the_login_and_prints_the_token_url_once(
     again = runner.invoke(args=["serve", "--host", "0.0.0.0"])
     assert token not in again.output and "`studyapp token`" in again.output, "the token is printed once"
     assert not served["debug"]
+
+
+def test_serve_on_a_taken_port_says_so_without_a_traceback_and_starts_nothing(runner, app, monkeypatch):
+    import socket
+
+    started = []
+    monkeypatch.setattr(serve_cli, "start_worker", started.append)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = runner.invoke(args=["serve", "--port", str(port)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert f"cannot serve on 127.0.0.1:{port}: Address already in use (another server" in result.output
+    assert started == [], "the lab worker starts only once the port is bound"
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "http"])
+def test_serve_refuses_a_port_that_does_not_exist(runner, app, port):
+    result = runner.invoke(args=["serve", "--port", port])
+    assert result.exit_code == 2 and "Invalid value for '--port'" in result.output
+
+
+def test_serve_refuses_a_configured_port_that_does_not_exist(runner, app):
+    app.config["PORT"] = 70000  # as instance/config.py might set it
+    result = runner.invoke(args=["serve"])
+    assert result.exit_code == 1 and "PORT must be a whole number from 0 to 65535, got 70000" in result.output
 
 
 def test_serve_refuses_to_start_on_a_bad_bank(runner, bank_dir, monkeypatch):

@@ -13,6 +13,7 @@ log (stderr, a line per request) never shows the token.
 
 from __future__ import annotations
 
+import errno
 import signal
 import sys
 import time
@@ -105,7 +106,7 @@ def make_server(app: Flask, host: str, port: int, *, debug: bool = False, access
 @click.command("serve")
 @click.option("--host", default=None, help="Interface to listen on (default 127.0.0.1: this machine only; "
               "any other address requires a token login).")
-@click.option("--port", type=int, default=None, help="Port (default 5000; 0 for any free one).")
+@click.option("--port", type=click.IntRange(0, 65535), default=None, help="Port (default 5000; 0 for any free one).")
 @click.option("--debug", is_flag=True, help="Flask's development server in debug mode, instead of waitress.")
 @with_appcontext
 def serve_command(host: str | None, port: int | None, debug: bool) -> None:
@@ -113,14 +114,23 @@ def serve_command(host: str | None, port: int | None, debug: bool) -> None:
     app = current_app._get_current_object()
     host = host or app.config["HOST"]
     port = app.config["PORT"] if port is None else port
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise click.ClickException(f"PORT must be a whole number from 0 to 65535, got {port!r}")
     click.echo(f"bank synced: {sync_configured_bank(app).summary()}")
     token, made = None, False
     if not auth.is_loopback(host) or auth.login_required(app):  # the address bound decides, not a client's
         token, made = auth.require_login(app)
+    try:  # bound before anything starts: a taken port ends here, with nothing left running
+        server = make_server(app, host, port, debug=debug)
+    except OSError as error:
+        raise click.ClickException(
+            f"cannot serve on {host}:{port}: {error.strerror or error}"
+            + (" (another server, perhaps studyapp itself, is using it; choose another with --port)"
+               if error.errno == errno.EADDRINUSE else "")
+        ) from None
     start_worker(app)  # fails runs a restart cut off, resumes queued ones
     # A service stop (SIGTERM) exits like Ctrl-C, so atexit kills a running lab's processes too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    server = make_server(app, host, port, debug=debug)
     if not debug:
         shown = f"[{host}]" if ":" in host else host
         click.echo(f"serving on http://{shown}:{server.port}/ (Ctrl-C to stop)")
