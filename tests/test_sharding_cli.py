@@ -67,6 +67,14 @@ def test_a_failed_rank_is_reported_on_stderr_with_status_1_and_its_traceback_sav
         saved.unlink()
 
 
+def test_a_traceback_that_cannot_be_saved_still_leaves_a_one_line_error(monkeypatch, tmp_path):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "gone"))  # the temporary folder is missing
+    failure = RankFailed(0, "raised RuntimeError: boom", "Traceback (most recent call last):\nRuntimeError: boom")
+    assert failure.for_user() == (
+        "rank 0 failed: raised RuntimeError: boom (rank 0's traceback could not be saved: No such file or directory)"
+    )
+
+
 def test_a_refused_combination_is_a_usage_error_before_any_rank_starts(capsys):
     assert cli.main(["measure", "--strategy", "ddp", "--mixed-precision", "--json"]) == 2
     captured = capsys.readouterr()

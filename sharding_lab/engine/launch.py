@@ -61,10 +61,13 @@ class RankFailed(RuntimeError):
         named in the message."""
         if not self.details:
             return str(self)
-        with tempfile.NamedTemporaryFile(
-            "w", prefix=f"sharding-lab-rank{self.rank}-", suffix=".txt", delete=False
-        ) as file:
-            file.write(self.details + "\n")
+        try:
+            with tempfile.NamedTemporaryFile(
+                "w", prefix=f"sharding-lab-rank{self.rank}-", suffix=".txt", delete=False
+            ) as file:
+                file.write(self.details + "\n")
+        except OSError as error:
+            return f"{self} (rank {self.rank}'s {self.details_name} could not be saved: {error.strerror or error})"
         return f"{self} (rank {self.rank}'s {self.details_name}: {file.name})"
 
 
