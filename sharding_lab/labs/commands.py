@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from sharding_lab.cli_args import positive_float
 from sharding_lab.labs.evaluate import write_summaries
 from sharding_lab.labs.registry import LABS, get_lab
 from sharding_lab.run_config import DEVICES
@@ -66,9 +67,10 @@ def register(subparsers) -> None:
         description="Answer {\"lab\": ID, \"world_size\": N} lines on stdin with {\"result\": RUN} or "
         "{\"error\": ...} lines on stdout, keeping a pool of ranks per world size between requests.",
     )
-    serve_parser.add_argument("--idle-timeout", type=float, default=300.0,
+    serve_parser.add_argument("--idle-timeout", type=positive_float, default=300.0,
                               help="seconds a pool of ranks stays up without a lab (default 300)")
-    serve_parser.add_argument("--timeout", type=float, default=600.0, help="seconds before a hung run is ended")
+    serve_parser.add_argument("--timeout", type=positive_float, default=600.0,
+                              help="seconds, start-up included, before a hung run is ended")
     serve_parser.set_defaults(func=run_serve_labs)
 
     scale_parser = subparsers.add_parser(
