@@ -51,9 +51,13 @@ def _install_secret_key(instance_path: str) -> str:
     return key
 
 
-def create_app(config: dict[str, Any] | None = None, *, instance_path: str | None = None) -> Flask:
+def create_app(
+    config: dict[str, Any] | None = None, *, instance_path: str | None = None, upgrade_schema: bool = True
+) -> Flask:
     """Build the app. Config layers: defaults, then instance/config.py, then the
-    STUDYAPP_DATABASE_URL environment variable, then `config` (what tests pass)."""
+    STUDYAPP_DATABASE_URL environment variable, then `config` (what tests pass). The database schema
+    is upgraded to the newest revision now, or with `upgrade_schema=False` (the command line) when
+    something first uses the database: `studyapp --help` and `studyapp db current` leave it alone."""
     app = Flask(__name__, instance_relative_config=True, instance_path=instance_path)
     os.makedirs(app.instance_path, exist_ok=True)
     app.config.from_mapping(DEFAULTS)
@@ -70,7 +74,7 @@ def create_app(config: dict[str, Any] | None = None, *, instance_path: str | Non
     from studyapp.study import StudySettings
 
     StudySettings.from_config(app.config)  # refuse bad limits, hour or zone now, not mid-review
-    db.init_app(app)
+    db.init_app(app, upgrade=upgrade_schema)
     auth.init_app(app)  # before csrf: a request without a login is sent to log in, not told about tokens
     csrf.init_app(app)
     headers.init_app(app)

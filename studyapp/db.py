@@ -23,6 +23,7 @@ from sqlmodel import Session, create_engine
 from studyapp import migrate
 
 _ENGINE_KEY = "studyapp.engine"
+_AT_HEAD_KEY = "studyapp.schema_at_head"  # whether this app has brought its database to the newest revision
 
 
 def make_engine(url: str) -> Engine:
@@ -127,8 +128,14 @@ def upgrade_schema(engine: Engine) -> None:
     migrate.upgrade(engine)
 
 
-def get_engine(app: Flask | None = None) -> Engine:
-    return (app or current_app).extensions[_ENGINE_KEY]
+def get_engine(app: Flask | None = None, *, at_head: bool = True) -> Engine:
+    """The app's engine, its schema upgraded to the newest revision first (once per app) unless
+    `at_head` is False: the `db` commands read or choose the revision themselves."""
+    app = app or current_app
+    if at_head and not app.extensions[_AT_HEAD_KEY]:
+        upgrade_schema(app.extensions[_ENGINE_KEY])
+        app.extensions[_AT_HEAD_KEY] = True
+    return app.extensions[_ENGINE_KEY]
 
 
 def get_session() -> Session:
@@ -144,8 +151,10 @@ def close_session(_error: BaseException | None = None) -> None:
         session.close()
 
 
-def init_app(app: Flask) -> None:
-    engine = make_engine(app.config["DATABASE_URL"])
-    app.extensions[_ENGINE_KEY] = engine
-    upgrade_schema(engine)
+def init_app(app: Flask, *, upgrade: bool = True) -> None:
+    """The app's engine; with `upgrade`, the schema brought to head now, else on the first `get_engine`."""
+    app.extensions[_ENGINE_KEY] = make_engine(app.config["DATABASE_URL"])
+    app.extensions[_AT_HEAD_KEY] = False
+    if upgrade:
+        get_engine(app)
     app.teardown_appcontext(close_session)

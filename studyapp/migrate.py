@@ -2,8 +2,9 @@
 
 `upgrade(engine)` brings any database to the newest revision: an empty one is built by the
 migrations from scratch, one made before migrations existed (tables but no alembic_version)
-is stamped at revision 0001 (the schema it has) and then upgraded. The app calls it on
-start; `studyapp db upgrade` runs it by hand. Adding a revision: `studyapp db revision -m ...`
+is stamped at revision 0001 (the schema it has) and then upgraded. The app calls it on start (the
+command line: before a command first uses the database); `studyapp db upgrade` runs it by hand.
+Adding a revision: `studyapp db revision -m ...`
 writes a new script into studyapp/migrations/versions/ from the difference to the models.
 """
 
@@ -128,15 +129,13 @@ db_group = AppGroup("db", help="The database schema (Alembic migrations).")
 def _engine() -> Engine:
     from studyapp.db import get_engine
 
-    return get_engine(current_app._get_current_object())
+    return get_engine(current_app._get_current_object(), at_head=False)
 
 
 @db_group.command("upgrade")
 @click.argument("revision", default="head")
 def db_upgrade_command(revision: str) -> None:
     """Migrate the database to REVISION (default: head, the newest)."""
-    # The app has already upgraded to head on start (and logged it); this reports, or moves to
-    # another REVISION.
     click.echo(f"database at revision {upgrade(_engine(), revision)} (head is {head_revision()})")
 
 

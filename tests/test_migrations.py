@@ -104,6 +104,29 @@ def test_db_commands_report_and_upgrade(app, runner, caplog):
     assert f"database schema upgraded from 0001 to {HEAD}" in caplog.text
 
 
+def test_the_command_line_upgrades_only_when_a_command_uses_the_database(database_url):
+    """`studyapp --help` and `db current` leave an old database as it is (so `db current` can say it is
+    old); any command that uses the database upgrades it first."""
+    engine = make_engine(database_url)
+    migrate.upgrade(engine)
+    migrate.downgrade(engine, "0002")
+    env = {**os.environ, "STUDYAPP_DATABASE_URL": database_url}
+
+    def studyapp(*args: str) -> subprocess.CompletedProcess:
+        command = [str(Path(sys.executable).parent / "studyapp"), *args]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+
+    assert studyapp("--help").returncode == 0
+    current = studyapp("db", "current")
+    assert current.stdout.strip() == f"database at revision 0002 (head is {HEAD})", current.stderr
+    assert migrate.current_revision(engine) == "0002"
+    exported = studyapp("export-history", "--format", "json")
+    assert exported.returncode == 0 and json.loads(exported.stdout)["reviews"] == [], exported.stderr
+    assert f"database schema upgraded from 0002 to {HEAD}" in exported.stderr
+    assert migrate.current_revision(engine) == HEAD
+    engine.dispose()
+
+
 def test_a_partial_schema_without_history_is_refused(database_url, tmp_path):
     engine = make_engine(database_url)
     with engine.begin() as connection:

@@ -42,7 +42,7 @@ def init_app(app: Flask) -> None:
 def _create_app() -> Flask:
     from studyapp import create_app
 
-    return create_app()
+    return create_app(upgrade_schema=False)  # each command that uses the database upgrades it first
 
 
 main = FlaskGroup(
