@@ -7,6 +7,8 @@ the default is an SQLite file in the Flask instance folder.
 
 from __future__ import annotations
 
+import sqlite3
+import time
 import weakref
 from collections import namedtuple
 from collections.abc import Callable, Mapping
@@ -26,11 +28,28 @@ _ENGINE_KEY = "studyapp.engine"
 _AT_HEAD_KEY = "studyapp.schema_at_head"  # whether this app has brought its database to the newest revision
 
 
+SQLITE_BUSY_TIMEOUT_S = 30  # how long a statement waits for another connection's lock
+
+
+def _switch_to_wal(cursor, deadline: float) -> None:
+    """`PRAGMA journal_mode = WAL`, retried until `deadline`: a new database's first switch needs the file
+    to itself, and SQLite answers "database is locked" at once, without its busy timeout, while another
+    process is opening it (seen with six app processes starting together on a new database)."""
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 def make_engine(url: str) -> Engine:
     """An engine for `url`; SQLite gets the settings a threaded web server needs."""
     if not url.startswith("sqlite"):
         return create_engine(url, pool_pre_ping=True)
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S})
 
     @event.listens_for(engine, "connect")
     def _sqlite_pragmas(dbapi_connection, _record) -> None:
@@ -39,7 +58,7 @@ def make_engine(url: str) -> Engine:
         if ":memory:" not in url and url != "sqlite://":
             # WAL: readers never block the writer; NORMAL: a committed review survives a
             # killed process (only a power cut can lose the last commits).
-            cursor.execute("PRAGMA journal_mode = WAL")
+            _switch_to_wal(cursor, deadline=time.monotonic() + SQLITE_BUSY_TIMEOUT_S)
             cursor.execute("PRAGMA synchronous = NORMAL")
             # Checkpoints fsync; every 10,000 pages (~40 MB of WAL) instead of 1,000 spreads
             # that cost over ten times more reviews.
