@@ -27,13 +27,17 @@ class HostMemoryTooSmall(ValueError):
     """The ranks' model states alone exceed the host memory available."""
 
 
+def _num_params(config: RunConfig) -> int:
+    return num_params(config_for(config.size, **dict(config.model_overrides)))
+
+
 def model_states_floor(config: RunConfig) -> int:
     """Bytes of model states all of `config`'s ranks hold together between steps, at the least.
 
     A part a rank shards is held once per shard group (Ψ elements over its ranks; FSDP's padding only
     adds); a part it replicates, once per rank. FSDP2 reshards parameters between steps under zero2 too.
     """
-    psi = num_params(config_for(config.size, **dict(config.model_overrides)))
+    psi = _num_params(config)
     sharded = set(config.strategy.sharded_parts) | ({"params"} if config.strategy.fully_sharded else set())
     copies = {part: config.options.replicas if part in sharded else config.world_size for part in MODEL_STATE_PARTS}
     return sum(FP32_ADAM_BYTES[part] * psi * copies[part] for part in MODEL_STATE_PARTS)
@@ -68,9 +72,9 @@ def check_fits(configs: Sequence[RunConfig], available: int | None) -> None:
             continue
         floor = model_states_floor(config)
         if floor > available:
-            psi = num_params(config_for(config.size, **dict(config.model_overrides)))
             raise HostMemoryTooSmall(
-                f"{config.label} on {config.world_size} CPU rank(s) of {config.size} ({psi:,} parameters) needs "
+                f"{config.label} on {config.world_size} CPU rank(s) of {config.size} ({_num_params(config):,} "
+                f"parameters) needs "
                 f"at least {human_bytes(floor)} of host memory for its model states alone (fp32 parameters, "
                 f"gradients and Adam state, 16 bytes per parameter, summed over the ranks: exact arithmetic, "
                 f"before activations and torch itself); this machine has {human_bytes(available)} available. "

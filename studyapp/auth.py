@@ -40,6 +40,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from flask import (
@@ -56,6 +57,7 @@ from flask import (
 from werkzeug.exceptions import TooManyRequests
 from werkzeug.middleware.proxy_fix import ProxyFix
 
+from sharding_lab import atomic_write
 from studyapp.rate_limit import RateLimiter
 
 TOKEN_FILE = "login_token"
@@ -109,11 +111,7 @@ class TokenStore:
     def rotate(self) -> str:
         """A new token, swapped in atomically (a reader sees the old file or the new one)."""
         token = make_token(self.random_bytes)
-        part = f"{self.path}.{secrets.token_hex(4)}.part"
-        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="ascii") as out:
-            out.write(token + "\n")
-        os.replace(part, self.path)
+        atomic_write.write_text(Path(self.path), token + "\n", mode=0o600)
         return token
 
     def current(self) -> str | None:
