@@ -50,7 +50,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grad-accum", type=int, default=1, metavar="STEPS",
                         help="micro-batches per optimizer step; gradients sync on the last only (default 1)")
     parser.add_argument("--device", choices=DEVICES, default="cpu",
-                        help="cpu (gloo) or cuda (NCCL, one GPU per rank); ignored under torchrun")
+                        help="cpu (gloo) or cuda (where ranks go: --placement); ignored under torchrun")
     parser.add_argument(
         "--placement", choices=[p.value for p in Placement], default="auto",
         help="auto (default): one GPU per rank when there are enough, else a rank view; ranks; rank-view "

@@ -75,24 +75,47 @@ def test_the_gpu_tests_collect_without_the_web_app(device_like_path):
     assert collected and int(collected.group(1)) >= 10, result.stdout[-2000:]
 
 
-def test_a_lab_runs_and_gpu_results_collects_it(device_like_path, tmp_path):
-    lab = _run_like_the_device(["-m", "sharding_lab.cli", "run", "what-fsdp-shards", "--json"], device_like_path)
-    assert lab.returncode == 0, lab.stderr[-3000:]
-    run = json.loads(lab.stdout)
-    assert run["holds"] is True
-    # gpu-check's `run --all --json` gives {"runs": [...]}; one run in that shape
-    (tmp_path / "labs.json").write_text(json.dumps({"runs": [run]}))
-    (tmp_path / "pytest.txt").write_text("17 skipped in 1.00s\n")
-    out = tmp_path / "gpu-results.json"
-    collected = _run_like_the_device(["scripts/gpu_results.py", str(tmp_path), str(out)], device_like_path)
-    # Exit 1: no simulator comparison was collected (there is no GPU here); the file is written anyway.
-    assert collected.returncode == 1, collected.stderr[-3000:]
-    results = json.loads(out.read_text())
+def _gpu_check_rehearsal(site: Path, tmp_path: Path, **limits: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """scripts/gpu-check itself, whole, on CPU (GPU_CHECK_DEVICE=cpu) with only the device's packages:
+    its JSON goes to tmp_path, and what the device tool would bring back to tmp_path/out ($OUT)."""
+    python = tmp_path / "python-like-the-device"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+    python.chmod(0o755)
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(site), "PYTHON": str(python), "GPU_CHECK_DEVICE": "cpu",
+           "GPU_CHECK_RESULTS": str(tmp_path / "gpu-results.json"), "OUT": str(out), **limits}
+    result = subprocess.run(["bash", "scripts/gpu-check"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    return result, out
+
+
+def test_the_whole_gpu_check_runs_every_lab_and_brings_its_results_back(device_like_path, tmp_path):
+    result, out = _gpu_check_rehearsal(device_like_path, tmp_path)
+    # Exit 1: no simulator comparison can be collected without a GPU; everything else ran.
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    assert sorted(path.name for path in out.iterdir()) == ["gpu-results.json", "labs.err", "pytest.txt"]
+    results = json.loads((out / "gpu-results.json").read_text())
+    assert results == json.loads((tmp_path / "gpu-results.json").read_text())
     assert results["gpu"] is None and results["gpus"] == 0
     assert results["torch"] == lab_torch_version(device_like_path)
-    assert results["labs"] == {"what-fsdp-shards": {"holds": True, "finding": run["finding"], "reasons": run["reasons"],
-                                                    "placement": ["ranks"]}}
-    assert results["pytest"] == ["17 skipped in 1.00s"] and results["labs_error"] is None
+    listed = json.loads(_run_like_the_device(["-m", "sharding_lab.cli", "list", "--json"], device_like_path).stdout)
+    assert sorted(results["labs"]) == sorted(lab["id"] for lab in listed["labs"])
+    assert all(lab["holds"] for lab in results["labs"].values()), results["labs"]
+    # CPU ranks, and for a few labs' larger world sizes a rank view; never GPU-shared ranks on CPU
+    assert {p for lab in results["labs"].values() for p in lab["placement"]} == {"ranks", "rank-view"}
+    assert re.fullmatch(r"\d+ skipped, \d+ deselected in .*", results["pytest"][0]), results["pytest"]
+    assert results["stopped"] == [] and results["labs_error"] is None and results["simulator_vs_rank_view"] == []
+
+
+def test_a_part_past_its_limit_is_stopped_and_named(device_like_path, tmp_path):
+    result, out = _gpu_check_rehearsal(device_like_path, tmp_path, GPU_CHECK_LABS_S="1")
+    assert result.returncode == 1
+    stopped = "gpu-check: every lab on cpu ran past its 1 s and was stopped"
+    assert stopped in result.stderr
+    assert (out / "stopped.txt").read_text().strip() == stopped
+    results = json.loads((out / "gpu-results.json").read_text())
+    assert results["stopped"] == [stopped] and results["labs"] == {}
+    assert results["labs_error"].startswith("JSONDecodeError")
 
 
 def lab_torch_version(site: Path) -> str:

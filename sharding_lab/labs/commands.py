@@ -39,7 +39,8 @@ def register(subparsers) -> None:
     run_parser = subparsers.add_parser(
         "run",
         help="run a lab (or --all): measure, check the claim, report the numbers",
-        description="Run a lab's sharded configurations on CPU ranks, check its claim against the "
+        description="Run a lab's sharded configurations on real ranks (CPU, or CUDA with --device cuda), "
+        "check its claim against the "
         "measurements and report the finding. Exits 1 when a claim does not hold.",
     )
     run_parser.add_argument("lab", nargs="?", help="lab id (see `sharding-lab list`)")
@@ -50,7 +51,8 @@ def register(subparsers) -> None:
         "--device",
         choices=DEVICES,
         default="cpu",
-        help="cpu (gloo, default) or cuda (NCCL, one GPU per rank)",
+        help="cpu (gloo, default) or cuda (NCCL, one GPU per rank; with fewer GPUs than ranks, the ranks "
+        "share cuda:0 over gloo)",
     )
     run_parser.add_argument("--json", action="store_true", help="print one JSON object")
     run_parser.add_argument(
