@@ -12,11 +12,14 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # where
 import torch  # noqa: E402
 
 
+def _rows(work: Path, name: str) -> list[dict]:
+    """The JSON lines the gpu tests appended to work/NAME.jsonl (none if that test did not get that far)."""
+    path = work / f"{name}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
 def main(work: Path, out: Path) -> int:
-    comparisons_file = work / "comparisons.jsonl"
-    comparisons = [json.loads(line) for line in comparisons_file.read_text().splitlines()] if comparisons_file.exists() else []
-    planner_file = work / "planner.jsonl"
-    planner = [json.loads(line) for line in planner_file.read_text().splitlines()] if planner_file.exists() else []
+    comparisons, planner = _rows(work, "comparisons"), _rows(work, "planner")
     labs_file = work / "labs.json"
     try:
         runs = json.loads(labs_file.read_text())["runs"]
@@ -37,6 +40,11 @@ def main(work: Path, out: Path) -> int:
         "stopped": stopped,
         "simulator_vs_rank_view": comparisons,
         "planner_vs_rank_view": planner,
+        # tests/test_sharding_gpu.py's figures: configurations in one launch against each alone, two ranks
+        # on one GPU, and DDP's mixed precision beside the allocator
+        "independence": _rows(work, "independence"),
+        "one_gpu": _rows(work, "one_gpu"),
+        "ddp_mixed_precision": _rows(work, "ddp_mixed_precision"),
         "labs": {
             run["lab"]: {
                 "holds": run["holds"],
