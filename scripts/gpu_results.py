@@ -41,10 +41,11 @@ def main(work: Path, out: Path) -> int:
         "simulator_vs_rank_view": comparisons,
         "planner_vs_rank_view": planner,
         # tests/test_sharding_gpu.py's figures: configurations in one launch against each alone, two ranks
-        # on one GPU, and DDP's mixed precision beside the allocator
+        # on one GPU, DDP's mixed precision beside the allocator, what a matmul leaves allocated
         "independence": _rows(work, "independence"),
         "one_gpu": _rows(work, "one_gpu"),
         "ddp_mixed_precision": _rows(work, "ddp_mixed_precision"),
+        "cublas_workspace": _rows(work, "cublas_workspace"),
         "labs": {
             run["lab"]: {
                 "holds": run["holds"],

@@ -121,3 +121,23 @@ def test_ddp_mixed_precision_on_cuda_reports_what_the_tracker_cannot_see():
     lines = allocator_lines(measured)
     assert len(lines) == 2 and "the tracker's figures do not hold" in lines[1] and "Read the allocator's peak" in lines[1]
     assert rank.cuda_max_memory_allocated > rank.peak_bytes
+
+
+def test_a_matmul_leaves_cublas_workspaces_allocated_until_they_are_cleared():
+    """Why a configuration's end clears them before checking that its CUDA memory is back: torch keeps
+    each cuBLAS workspace in the caching allocator from the first matmul on."""
+    import gc
+
+    from sharding_lab.engine import _torch_internals as internals
+
+    gc.collect()
+    internals.clear_cublas_workspaces()
+    before = torch.cuda.memory_allocated()
+    a = torch.randn(256, 256, device="cuda")
+    (a @ a).sum().item()
+    del a
+    torch.cuda.synchronize()
+    kept = torch.cuda.memory_allocated() - before
+    internals.clear_cublas_workspaces()
+    _record("cublas_workspace", {"bytes_kept_after_a_matmul": kept})
+    assert kept > 0 and torch.cuda.memory_allocated() == before

@@ -325,6 +325,17 @@ def fake_store() -> Any:
 
 
 # Every accessor that fetches a name, for a check of this torch (tests call each).
+# --- CUDA ----------------------------------------------------------------------------------------------------
+
+
+def clear_cublas_workspaces() -> None:
+    """Free the cuBLAS workspaces torch keeps in the caching allocator, one per handle and stream, from the
+    first matmul on. They are torch's, not a configuration's, and would read as a leak: PyTorch's own CUDA
+    leak check (CudaMemoryLeakCheck in torch.testing._internal.common_utils) clears them before comparing
+    torch.cuda.memory_allocated for the same reason. CUDA builds only."""
+    _load("torch._C", "_cuda_clearCublasWorkspaces", "telling a configuration's CUDA memory from torch's own")()
+
+
 ACCESSORS: dict[str, Callable[[], Any]] = {
     "TorchDispatchMode": dispatch_mode_class,
     "tree_flatten": lambda: tree_flatten([]),
