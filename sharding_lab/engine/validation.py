@@ -11,9 +11,12 @@ the CUDA comparison and writes `exports/gpu-results.json`.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import subprocess
 import sys
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -96,24 +99,38 @@ class Comparison:
         return {**asdict(self), "cuda_error": self.cuda_error, "tracked_error": self.tracked_error}
 
 
-def simulate_in_a_fresh_process(config: RunConfig) -> dict:
-    """The simulation needs a process without a process group: one of its own. Its `to_json()`."""
+def simulate_in_fresh_processes(configs: Sequence[RunConfig], parallel: int | None = None) -> list[dict]:
+    """Each configuration simulated in a process of its own (the simulation needs a process without a
+    process group), up to `parallel` at once (default: one per CPU): their `to_json()`, in order."""
     code = (
         "import json, pickle, sys; from sharding_lab.engine.simulate import simulate; "
         "print(json.dumps(simulate(pickle.loads(sys.stdin.buffer.read())).to_json()))"
     )
-    completed = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", code], input=pickle.dumps(config), capture_output=True
-    )
-    if completed.returncode != 0:
-        raise RuntimeError(f"simulating {config.label}: {completed.stderr.decode().strip()[-2000:]}")
-    return json.loads(completed.stdout.decode().strip().splitlines()[-1])
+
+    def simulate_one(config: RunConfig) -> dict:
+        completed = subprocess.run(
+            [sys.executable, "-W", "ignore", "-c", code], input=pickle.dumps(config), capture_output=True
+        )
+        if completed.returncode != 0:
+            raise RuntimeError(f"simulating {config.label}: {completed.stderr.decode().strip()[-2000:]}")
+        return json.loads(completed.stdout.decode().strip().splitlines()[-1])
+
+    with ThreadPoolExecutor(max_workers=parallel or os.cpu_count() or 1) as pool:
+        return list(pool.map(simulate_one, configs))
 
 
-def compare(case: Case, device: str, timeout_s: float = 600.0, placement: Placement = Placement.RANK_VIEW) -> Comparison:
-    """`case` simulated and measured (by default as a rank view; Placement.RANKS: real ranks, gloo on CPU)."""
+def compare(
+    case: Case,
+    device: str,
+    timeout_s: float = 600.0,
+    placement: Placement = Placement.RANK_VIEW,
+    simulated: dict | None = None,
+) -> Comparison:
+    """`case` simulated and measured (by default as a rank view; Placement.RANKS: real ranks, gloo on CPU).
+    `simulated`: its simulation's `to_json()`, when already run (simulate_in_fresh_processes)."""
     config = case.run_config(device, placement)
-    simulated = simulate_in_a_fresh_process(config)
+    if simulated is None:
+        (simulated,) = simulate_in_fresh_processes([config])
     rank0 = measure_many([config], timeout_s=timeout_s)[0].ranks[0]
     return Comparison(
         case,
