@@ -251,6 +251,15 @@ class Prediction:
     differences: str  # where PyTorch's implementation departs from the paper
 
 
+# Why a CUDA measurement without NCCL has no overlap figure, by its backend.
+NO_NCCL_OVERLAP = {
+    "gloo": "the ranks share one GPU over gloo, each collective a round trip through host memory on the "
+    "rank's own thread, so no communication kernel runs beside compute; overlap needs one GPU per rank (NCCL)",
+    "fake": "a rank view moves no data, so no communication kernel runs; overlap needs one GPU per rank (NCCL)",
+    "nccl": "the profiler recorded no kernels",
+}
+
+
 @dataclass(frozen=True)
 class Measurement:
     config: MeasuredConfig

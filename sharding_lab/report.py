@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from sharding_lab.measurement import Measurement, RankMemory
+from sharding_lab.measurement import NO_NCCL_OVERLAP, Measurement, RankMemory
 from sharding_lab.strategies import OPS, PHASES
 from sharding_lab.units import human_bytes
 
@@ -151,6 +151,8 @@ def _print_footer(m: Measurement, console: Console) -> None:
             f"communication overlapped compute (profiler, measured): {m.overlap.overlapped_fraction_of_comm:.0%} of "
             f"{m.overlap.comm_kernel_us / 1000:.2f} ms of NCCL kernels"
         )
+    elif m.config.device.startswith("cuda"):
+        console.print(f"overlap not measured: {NO_NCCL_OVERLAP[m.config.backend]}")
 
 
 def render_comparison(by_strategy: dict[str, Measurement], console: Console | None = None) -> None:

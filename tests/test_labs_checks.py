@@ -310,7 +310,7 @@ def test_prefetch_finding_reports_the_profilers_overlap_when_the_run_has_one(mea
     raw = as_json(lab_measurements(measured, "prefetch-overlap"))
     assert "the order issued is what this run shows" in LABS["prefetch-overlap"].report(from_json(raw)).finding
     for key, fraction in ((PREFETCH_ON, 0.75), (PREFETCH_OFF, 0.05)):
-        raw[key]["config"]["device"] = "cuda:0"
+        raw[key]["config"].update(device="cuda:0", backend="nccl")
         raw[key]["overlap"] = {
             "comm_kernel_us": 100.0, "compute_kernel_us": 400.0, "overlapped_us": 100.0 * fraction,
             "overlapped_fraction_of_comm": fraction, "overlapped": True,
@@ -318,6 +318,20 @@ def test_prefetch_finding_reports_the_profilers_overlap_when_the_run_has_one(mea
     finding = LABS["prefetch-overlap"].report(from_json(raw)).finding
     assert "75.0% of NCCL kernel time overlap compute with prefetching and 5.0% without" in finding
     assert "gloo" not in finding
+
+
+def test_prefetch_finding_on_ranks_sharing_one_gpu_says_why_overlap_was_not_measured(measured):
+    # Shared-GPU ranks: CUDA tensors over gloo, no NCCL kernels, so the run carries no profiler overlap.
+    raw = as_json(lab_measurements(measured, "prefetch-overlap"))
+    for key in (PREFETCH_ON, PREFETCH_OFF):
+        raw[key]["config"].update(device="cuda:0", backend="gloo", placement="shared-gpu")
+    finding = LABS["prefetch-overlap"].report(from_json(raw)).finding
+    assert (
+        "Overlap was not measured: the ranks share one GPU over gloo, each collective a round trip through host "
+        "memory on the rank's own thread, so no communication kernel runs beside compute; overlap needs one GPU "
+        "per rank (NCCL). The order issued is what this run shows." in finding
+    )
+    assert "On CPU" not in finding and "when gloo's thread frees temporaries" in finding
 
 
 # Labs whose checks account for FSDP's padding; at 3 ranks the tiny model's 32-row dims are padded.

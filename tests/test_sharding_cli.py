@@ -180,6 +180,24 @@ def test_on_cuda_the_report_puts_the_allocators_peak_beside_the_trackers():
 
 
 @pytest.mark.slow
+def test_a_cuda_report_without_nccl_says_why_it_has_no_overlap():
+    from dataclasses import replace
+
+    from sharding_lab.report import render_measurement
+
+    cpu = typed()["zero3"]
+    assert cpu.overlap is None
+    for backend, why in (("gloo", "the ranks share one GPU over gloo"), ("fake", "a rank view moves no data")):
+        console = Console(record=True, width=400)
+        render_measurement(replace(cpu, config=replace(cpu.config, device="cuda:0", backend=backend)), console)
+        text = console.export_text()
+        assert f"overlap not measured: {why}" in text and "overlap needs one GPU per rank (NCCL)" in text
+    console = Console(record=True, width=400)
+    render_measurement(cpu, console)
+    assert "overlap" not in console.export_text()  # on CPU ranks overlap is never a question
+
+
+@pytest.mark.slow
 def test_tables_show_measured_beside_predicted():
     from sharding_lab.report import render_comparison, render_measurement
 

@@ -420,7 +420,9 @@ def _time_steps(ctx: RankContext, config: RunConfig, train_step, first_step: int
         synchronize()
         durations.append(time.perf_counter() - started)
     overlap = None
-    if ctx.device.type == "cuda":
+    # Only NCCL runs collectives as kernels beside compute. Shared-GPU ranks (gloo: a host round trip on
+    # the rank's thread) and a rank view (nothing moves) have no communication kernels to overlap.
+    if ctx.device.type == "cuda" and ctx.backend == "nccl":
         from sharding_lab.engine.overlap import profile_overlap
 
         overlap = profile_overlap(lambda: train_step(first_step + config.timed_steps), ctx.device)

@@ -25,7 +25,14 @@ from sharding_lab.labs.base import (
     percent,
     runs_at,
 )
-from sharding_lab.measurement import Event, Measurement, block_collectives, block_index, module_event
+from sharding_lab.measurement import (
+    NO_NCCL_OVERLAP,
+    Event,
+    Measurement,
+    block_collectives,
+    block_index,
+    module_event,
+)
 from sharding_lab.model_config import config_for, root_share
 from sharding_lab.strategies import Strategy
 from sharding_lab.units import human_bytes
@@ -183,14 +190,16 @@ def _overlap_text(on: Measurement, off: Measurement) -> str:
             f"kernel time overlap compute with prefetching and {percent(off.overlap.overlapped_fraction_of_comm)} "
             f"without." + stream
         )
+    if on.config.device.startswith("cuda"):
+        return f" Overlap was not measured: {NO_NCCL_OVERLAP[on.config.backend]}. The order issued is what this run shows." + stream
     return (
         " On CPU each gloo collective blocks the rank's one thread, so nothing overlaps and the step times (in the "
         "table) are noise: the order issued is what this run shows, not overlap." + stream
     )
 
 
-def _on_cpu(m: Measurement) -> bool:
-    return m.config.device == "cpu"
+def _on_gloo(m: Measurement) -> bool:
+    return m.config.backend == "gloo"
 
 
 def check_prefetch_overlap(a: PrefetchOrder) -> Verdict:
@@ -228,7 +237,7 @@ def report_prefetch_overlap(a: PrefetchOrder) -> Report:
         f"({human_bytes(a.block)} a block) waiting in their all-gather buffer beside the current block's (measured "
         f"by the tracker, this model, fp32). Rank 0's whole peak was {human_bytes(a.peak_on)} against "
         f"{human_bytes(a.peak_off)}"
-        + ("; that comparison also moves with when gloo's thread frees temporaries." if _on_cpu(a.on) else ".")
+        + ("; that comparison also moves with when gloo's thread frees temporaries." if _on_gloo(a.on) else ".")
         + _overlap_text(a.on, a.off)
     )
     rows = []
