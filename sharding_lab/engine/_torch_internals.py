@@ -324,7 +324,6 @@ def fake_store() -> Any:
     return _load("torch.testing._internal.distributed.fake_pg", "FakeStore", "the fake process group")()
 
 
-# Every accessor that fetches a name, for a check of this torch (tests call each).
 # --- CUDA ----------------------------------------------------------------------------------------------------
 
 
@@ -336,6 +335,8 @@ def clear_cublas_workspaces() -> None:
     _load("torch._C", "_cuda_clearCublasWorkspaces", "telling a configuration's CUDA memory from torch's own")()
 
 
+# Every accessor that fetches a name, for a check of this torch (tests call each; clear_cublas_workspaces
+# exists in CUDA builds only and has a test of its own).
 ACCESSORS: dict[str, Callable[[], Any]] = {
     "TorchDispatchMode": dispatch_mode_class,
     "tree_flatten": lambda: tree_flatten([]),
