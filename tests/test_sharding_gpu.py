@@ -7,10 +7,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from gpu_records import record
 
 pytestmark = [
     pytest.mark.gpu,
@@ -39,13 +39,6 @@ def test_measure_on_cuda_with_nccl():
             assert overlap["comm_kernels"] > 0
 
 
-def _record(name: str, row: dict) -> None:
-    """scripts/gpu-check collects each figure below into exports/gpu-results.json, held or not."""
-    if os.environ.get("GPU_RESULTS_DIR"):
-        with (Path(os.environ["GPU_RESULTS_DIR"]) / f"{name}.jsonl").open("a") as out:
-            out.write(json.dumps(row) + "\n")
-
-
 def test_configurations_in_one_launch_measure_on_cuda_what_each_measures_alone():
     """The issue's leak: `compare --world-size 1 --device cuda --size gpt2-medium` once reported the
     allocator's peaks 10.29, 13.32, 16.35 and 21.28 GiB for ddp, zero1, zero2 and zero3, each
@@ -63,7 +56,7 @@ def test_configurations_in_one_launch_measure_on_cuda_what_each_measures_alone()
         row = {"strategy": strategy, "size": "gpt2-medium", "world_size": 1, "tracked_peak": rank.peak_bytes,
                "cuda_peak_in_one_launch": rank.cuda_max_memory_allocated,
                "cuda_peak_alone": alone[strategy].ranks[0].cuda_max_memory_allocated if strategy in alone else None}
-        _record("independence", row)
+        record("independence", row)
         # No configuration carries an earlier one's memory: its allocator peak stays near its own tracker's
         # (the leak added 3 to 12 GiB to 10 GiB peaks).
         assert rank.cuda_max_memory_allocated <= 1.05 * rank.peak_bytes, row
@@ -95,10 +88,10 @@ def test_two_ranks_on_one_gpu_run_as_a_rank_view_or_shared_and_never_raise_a_cud
     assert shared.returncode == 0 and "Traceback" not in shared.stderr, shared.stderr[-3000:]
     ranks = json.loads(shared.stdout)["memory"]["per_rank"]
     assert len(ranks) == 2 and all(rank["cuda_max_memory_allocated"] > 0 for rank in ranks)
-    _record("one_gpu", {"rank_view_rank0_cuda_peak": view["memory"]["per_rank"][0]["cuda_max_memory_allocated"],
-                        "rank_view_rank0_tracked_peak": view["memory"]["per_rank"][0]["peak_bytes"],
-                        "shared_gpu_cuda_peaks": [rank["cuda_max_memory_allocated"] for rank in ranks],
-                        "shared_gpu_tracked_peaks": [rank["peak_bytes"] for rank in ranks]})
+    record("one_gpu", {"rank_view_rank0_cuda_peak": view["memory"]["per_rank"][0]["cuda_max_memory_allocated"],
+                       "rank_view_rank0_tracked_peak": view["memory"]["per_rank"][0]["peak_bytes"],
+                       "shared_gpu_cuda_peaks": [rank["cuda_max_memory_allocated"] for rank in ranks],
+                       "shared_gpu_tracked_peaks": [rank["peak_bytes"] for rank in ranks]})
 
     refused = _cli(*base, "--placement", "ranks")
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
@@ -115,9 +108,9 @@ def test_ddp_mixed_precision_on_cuda_reports_what_the_tracker_cannot_see():
     measured = measure_many([RunConfig.of("ddp", world_size=1, device="cuda", size="gpt2-medium",
                                           mixed_precision=True)], timeout_s=300)[0]
     rank = measured.ranks[0]
-    _record("ddp_mixed_precision", {"size": "gpt2-medium", "num_params": measured.config.num_params,
-                                    "tracked_peak": rank.peak_bytes, "cuda_peak": rank.cuda_max_memory_allocated,
-                                    "tracked_categories_at_peak": rank.categories})
+    record("ddp_mixed_precision", {"size": "gpt2-medium", "num_params": measured.config.num_params,
+                                   "tracked_peak": rank.peak_bytes, "cuda_peak": rank.cuda_max_memory_allocated,
+                                   "tracked_categories_at_peak": rank.categories})
     lines = allocator_lines(measured)
     assert len(lines) == 2 and "the tracker's figures do not hold" in lines[1] and "Read the allocator's peak" in lines[1]
     assert rank.cuda_max_memory_allocated > rank.peak_bytes
@@ -139,5 +132,5 @@ def test_a_matmul_leaves_cublas_workspaces_allocated_until_they_are_cleared():
     torch.cuda.synchronize()
     kept = torch.cuda.memory_allocated() - before
     internals.clear_cublas_workspaces()
-    _record("cublas_workspace", {"bytes_kept_after_a_matmul": kept})
+    record("cublas_workspace", {"bytes_kept_after_a_matmul": kept})
     assert kept > 0 and torch.cuda.memory_allocated() == before

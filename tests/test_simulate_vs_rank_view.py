@@ -3,12 +3,9 @@ within 3% of CUDA's allocator where a GPU is lent."""
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-
 import pytest
 import torch
+from gpu_records import record
 
 from sharding_lab.engine.validation import (
     CPU_CASES,
@@ -54,9 +51,7 @@ def test_the_simulated_peak_is_the_rank_views_tracked_peak_on_cpu(case, cpu_simu
 @pytest.mark.parametrize("case", CUDA_CASES, ids=case_id)
 def test_the_simulated_peak_is_within_3_percent_of_cuda_on_a_rank_view(case, cuda_simulations):
     result = compare(case, "cuda", timeout_s=600, simulated=cuda_simulations[case])
-    if os.environ.get("GPU_RESULTS_DIR"):  # scripts/gpu-check collects every comparison, held or not
-        with (Path(os.environ["GPU_RESULTS_DIR"]) / "comparisons.jsonl").open("a") as out:
-            out.write(json.dumps(result.to_json()) + "\n")
+    record("comparisons", result.to_json())  # held or not
     assert result.cuda_peak is not None
     assert result.cuda_error <= CUDA_TOLERANCE, result.to_json()
 
@@ -85,10 +80,8 @@ def test_the_analytic_plan_is_within_3_percent_of_cuda_on_a_rank_view(case):
     rank0 = measure_many([config], timeout_s=600)[0].ranks[0]
     planned = plan_analytic(request_for_config(config)).peak.total
     error = abs(planned - rank0.cuda_max_memory_allocated) / rank0.cuda_max_memory_allocated
-    if os.environ.get("GPU_RESULTS_DIR"):
-        with (Path(os.environ["GPU_RESULTS_DIR"]) / "planner.jsonl").open("a") as out:
-            out.write(json.dumps({"case": case_id(case), "planned_peak": planned, "tracked_peak": rank0.peak_bytes,
-                                  "cuda_peak": rank0.cuda_max_memory_allocated, "cuda_error": error}) + "\n")
+    record("planner", {"case": case_id(case), "planned_peak": planned, "tracked_peak": rank0.peak_bytes,
+                       "cuda_peak": rank0.cuda_max_memory_allocated, "cuda_error": error})
     assert error <= CUDA_TOLERANCE, (case_id(case), planned, rank0.cuda_max_memory_allocated)
 
 
