@@ -5,7 +5,7 @@ PIP := $(VENV)/bin/pip --disable-pip-version-check
 INSTALL := $(PIP) install -q -c constraints.txt
 BIN := $(VENV)/bin
 
-.PHONY: run test test-torch211 test-fast test-deps reliability-table bench lint install install-test clean-venv
+.PHONY: run test test-torch211 test-disk test-fast test-deps reliability-table bench lint install install-test clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,7 @@ run: install
 # The whole suite. First installs what pip cannot when it is missing (Debian's Chromium and
 # PostgreSQL, with apt-get when run as root; otherwise it says what to install), then runs pytest
 # against a throwaway PostgreSQL cluster started before and stopped after (scripts/with-postgres).
-test: install-test test-deps
+test: install-test test-deps test-disk
 	scripts/with-postgres $(BIN)/python -m pytest $(PYTEST_ARGS)
 	$(MAKE) test-torch211
 
@@ -40,6 +40,16 @@ $(VENV211)/.installed: pyproject.toml constraints-torch211.txt
 	$(PYTHON) -m venv $(VENV211)
 	$(VENV211)/bin/pip --disable-pip-version-check install -q -c constraints-torch211.txt -e '.[test]'
 	touch $@
+
+# torch 2.11.0's CUDA build is about 5 GiB installed, and pip unpacks its wheels beside that: say
+# so before the 10-minute main suite rather than fail after it with "No space left on device".
+TORCH211_FREE_GIB ?= 8
+test-disk:
+	@[ -f $(VENV211)/.installed ] || { \
+	  free=$$(df -Pk . | awk 'NR == 2 { print int($$4 / 1048576) }'); \
+	  [ "$$free" -ge $(TORCH211_FREE_GIB) ] || { \
+	    echo "make test: the torch 2.11.0 pass (make test-torch211) installs its CUDA build into $(VENV211)," \
+	      "which needs about $(TORCH211_FREE_GIB) GiB free; $$(pwd) has $$free GiB free" >&2; exit 1; }; }
 
 test-torch211: $(VENV211)/.installed
 	env -u STUDYAPP_TEST_POSTGRES_URL $(VENV211)/bin/python -m pytest -q -m "torch and not browser" $(PYTEST_ARGS)
