@@ -5,7 +5,7 @@ PIP := $(VENV)/bin/pip --disable-pip-version-check
 INSTALL := $(PIP) install -q -c constraints.txt
 BIN := $(VENV)/bin
 
-.PHONY: run test test-torch211 test-disk test-fast test-deps reliability-table bench lint install install-test clean-venv
+.PHONY: run test test-torch211 test-disk test-fast test-deps reliability-table gpu-table bench lint install install-test clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,11 @@ test-fast: install-test
 # (refresh that file from a run with: scripts/reliability-table --collect PYTEST_BASETEMP).
 reliability-table:
 	$(PYTHON) scripts/reliability-table --write-readme
+
+# Rewrites the README's GPU figures from exports/gpu-results.json (scripts/gpu-check's output, committed
+# after a run on a lent GPU machine).
+gpu-table:
+	$(PYTHON) scripts/gpu-table --write-readme
 
 bench: install-test
 	$(BIN)/python -m benchmarks

@@ -105,6 +105,10 @@ def test_the_whole_gpu_check_runs_every_lab_and_brings_its_results_back(device_l
     assert {p for lab in results["labs"].values() for p in lab["placement"]} == {"ranks", "rank-view"}
     assert re.fullmatch(r"\d+ skipped, \d+ deselected in .*", results["pytest"][0]), results["pytest"]
     assert results["stopped"] == [] and results["labs_error"] is None and results["simulator_vs_rank_view"] == []
+    # The README's block renders from the file as it comes back, with the device's packages only
+    table = _run_like_the_device(["scripts/gpu-table", "--results", str(out / "gpu-results.json")], device_like_path)
+    assert table.returncode == 0, table.stderr
+    assert f"{len(listed['labs'])} of {len(listed['labs'])} hold; placements used: rank-view, ranks." in table.stdout
 
 
 def test_a_part_past_its_limit_is_stopped_and_named(device_like_path, tmp_path):
