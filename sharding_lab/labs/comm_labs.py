@@ -155,8 +155,11 @@ class PrefetchOrder:
     # run key -> phase -> per block boundary: the next block's all-gather issued before this block ended
     prefetched: dict[str, dict[str, list[bool]]]
     block: int  # one block's full parameter bytes
-    # Rank 0's most gathered parameters and all-gather buffers held at once, with prefetching and
-    # without: what prefetching adds to, exactly, whenever gloo's thread frees temporaries.
+    # The most gathered parameters and all-gather buffers held at once, with prefetching and without,
+    # on the rank that held least. Every rank runs the same program; a rank's figure can only grow when
+    # gloo's thread happens to drop the last reference to a finished all-gather's buffer late (seen
+    # once in CI: a root-sized buffer still counted at block 0's copy-out on rank 0, 13,696 B apart
+    # instead of a block), so the least over ranks is what the program itself holds.
     gathered_on: int
     gathered_off: int
     peak_on: int  # rank 0's whole peak, with and without: shown, not checked (temporaries move it)
@@ -171,7 +174,7 @@ def analyse_prefetch_overlap(ms: Measurements) -> PrefetchOrder:
     }
     return PrefetchOrder(
         on, off, prefetched, on.root_and_block_bytes()[1],
-        on.gathered_with_buffers_peak()[0], off.gathered_with_buffers_peak()[0],
+        min(on.gathered_with_buffers_peak()), min(off.gathered_with_buffers_peak()),
         on.ranks[0].peak_bytes, off.ranks[0].peak_bytes,
     )
 
@@ -231,8 +234,9 @@ def report_prefetch_overlap(a: PrefetchOrder) -> Report:
         f"With prefetching, the next block's all-gather was issued before the current block's compute ended for "
         f"{counted(PREFETCH_ON, 'forward')} block boundaries in forward and {counted(PREFETCH_ON, 'backward')} in "
         f"backward; without it, for {counted(PREFETCH_OFF, 'forward')} and {counted(PREFETCH_OFF, 'backward')}. "
-        f"The cost is memory: with prefetching rank 0 held at most {human_bytes(a.gathered_on)} of gathered "
-        f"parameters and all-gather buffers at once against {human_bytes(a.gathered_off)} without, "
+        f"The cost is memory: with prefetching each rank held up to {human_bytes(a.gathered_on)} of gathered "
+        f"parameters and all-gather buffers at once against {human_bytes(a.gathered_off)} without (the least "
+        f"any rank reached), "
         f"{human_bytes(a.gathered_on - a.gathered_off)} more: the next block's gathered parameters "
         f"({human_bytes(a.block)} a block) waiting in their all-gather buffer beside the current block's (measured "
         f"by the tracker, this model, fp32). Rank 0's whole peak was {human_bytes(a.peak_on)} against "
