@@ -229,3 +229,14 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "gone"
+
+
+def test_a_rank_that_cannot_start_raises_its_own_error_and_leaves_no_process(children_before_the_test):
+    """`fn` must be importable by name: a lambda cannot be pickled for a fresh process, so the first
+    start raises, and the ranks after it were never started. That error must come out, not one from
+    stopping processes that never ran ("can only join a started process")."""
+    with pytest.raises(Exception) as raised:
+        run_ranks(lambda ctx: ctx.rank, 2, timeout_s=30)
+    assert not isinstance(raised.value, AssertionError), raised.value
+    assert "pickle" in f"{type(raised.value).__name__} {raised.value}".lower(), raised.value
+    assert children_of_this_process() == children_before_the_test

@@ -409,6 +409,7 @@ def _raise_hung(processes, done, counts, labels, stack_dir: Path, timeout_s: flo
 
 
 def _stop_all(processes) -> None:
+    processes = [p for p in processes if p.pid is not None]  # a start that raised left the rest unstarted
     for process in processes:
         if process.is_alive():
             process.terminate()
