@@ -16,7 +16,7 @@ import pytest
 from sharding_lab.engine.run_labs import measure_configs
 from sharding_lab.labs import LABS, evaluate
 from sharding_lab.labs.comm_labs import PREFETCH_OFF, PREFETCH_ON
-from sharding_lab.labs.gathering_labs import RESHARD_OFF, RESHARD_ON
+from sharding_lab.labs.gathering_labs import RESHARD_OFF, RESHARD_ON, RESHARD_ON_PREFETCH
 from sharding_lab.labs.model_state_labs import scaling_key
 from sharding_lab.measurement import Measurement
 from sharding_lab.run_config import RunConfig
@@ -327,6 +327,25 @@ def test_prefetch_cost_reads_the_rank_that_held_least(measured):
     assert verdict.holds is False
     on = min(r["gathered_with_buffers_peak_bytes"] for r in raw[PREFETCH_ON]["memory"]["per_rank"])
     assert f"at most {on - true_off - root:,} B more" in "".join(verdict.reasons) and block > on - true_off - root
+
+
+def test_all_gather_buffers_are_read_on_the_rank_that_held_least(measured):
+    """The same late free by gloo's thread can add a finished all-gather's output to one rank's buffer
+    peak: the reshard lab's bound of two blocks' worth reads the least any rank held."""
+    raw = as_json(lab_measurements(measured, "reshard-after-forward"))
+    ranks = raw[RESHARD_ON_PREFETCH]["memory"]["per_rank"]
+    block = next(c["bytes"] for c in raw[RESHARD_ON]["comm"]["collectives"]
+                 if (c["op"], c["phase"], c["module"]) == ("all_gather", "forward", "blocks.0"))
+    assert [r["category_peaks"]["all_gather_buffers"] for r in ranks] == [2 * block] * len(ranks)
+    ranks[0]["category_peaks"]["all_gather_buffers"] += block  # a stale buffer on rank 0 only
+    assert LABS["reshard-after-forward"].check(from_json(raw)).holds is True
+    for rank in ranks[1:]:
+        rank["category_peaks"]["all_gather_buffers"] += block  # on every rank: more than FSDP's two
+    verdict = LABS["reshard-after-forward"].check(from_json(raw))
+    assert [r for r in verdict.reasons if r.startswith("NOT")] == [
+        f"NOT {RESHARD_ON_PREFETCH}: all-gather buffers hold at most two blocks' worth (peak 3.00 / 3.00 blocks by "
+        "rank, the least read)"
+    ]
 
 
 def test_prefetch_finding_reports_the_profilers_overlap_when_the_run_has_one(measured):
