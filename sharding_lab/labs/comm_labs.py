@@ -158,8 +158,8 @@ class PrefetchOrder:
     # The most gathered parameters and all-gather buffers held at once, with prefetching and without,
     # on the rank that held least. Every rank runs the same program; a rank's figure can only grow when
     # gloo's thread happens to drop the last reference to a finished all-gather's buffer late (seen
-    # once in CI: a root-sized buffer still counted at block 0's copy-out on rank 0, 13,696 B apart
-    # instead of a block), so the least over ranks is what the program itself holds.
+    # once in CI on rank 0: 13,696 B apart instead of a block, as if the root's buffer were still
+    # counted), so the least over ranks is what the program itself holds.
     gathered_on: int
     gathered_off: int
     peak_on: int  # rank 0's whole peak, with and without: shown, not checked (temporaries move it)
