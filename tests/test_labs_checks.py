@@ -51,6 +51,12 @@ def from_json(raw: dict[str, dict]) -> dict[str, Measurement]:
     return {key: Measurement.from_json(m) for key, m in raw.items()}
 
 
+def forward_gather_bytes(raw_run: dict, module: str) -> int:
+    """The bytes of `module`'s forward all-gather in one run's JSON: its full parameters."""
+    return next(c["bytes"] for c in raw_run["comm"]["collectives"]
+                if (c["op"], c["phase"], c["module"]) == ("all_gather", "forward", module))
+
+
 # --- every lab holds ------------------------------------------------------------------------------------
 
 
@@ -298,10 +304,7 @@ def test_prefetch_cost_is_judged_on_gathered_params_and_buffers_not_on_the_whole
         rank_on["gathered_with_buffers_peak_bytes"] = rank_off["gathered_with_buffers_peak_bytes"]
     verdict = LABS["prefetch-overlap"].check(from_json(raw))
     assert verdict.holds is False
-    block = next(
-        c["bytes"] for c in raw[PREFETCH_ON]["comm"]["collectives"]
-        if (c["op"], c["phase"], c["module"]) == ("all_gather", "forward", "blocks.0")
-    )
+    block = forward_gather_bytes(raw[PREFETCH_ON], "blocks.0")
     assert [r for r in verdict.reasons if r.startswith("NOT")] == [
         f"NOT prefetching costs memory: at most 0 B more gathered parameters and all-gather buffers held at once "
         f"(a block is {block:,} B)"
@@ -315,9 +318,7 @@ def test_prefetch_cost_reads_the_rank_that_held_least(measured):
     raw = as_json(lab_measurements(measured, "prefetch-overlap"))
     ranks_off = raw[PREFETCH_OFF]["memory"]["per_rank"]
     true_off = ranks_off[1]["gathered_with_buffers_peak_bytes"]
-    root, block = (next(c["bytes"] for c in raw[PREFETCH_ON]["comm"]["collectives"]
-                        if (c["op"], c["phase"], c["module"]) == ("all_gather", "forward", module))
-                   for module in ("root", "blocks.0"))
+    root, block = (forward_gather_bytes(raw[PREFETCH_ON], module) for module in ("root", "blocks.0"))
     ranks_off[0]["gathered_with_buffers_peak_bytes"] = true_off + root  # the stale buffer on rank 0 only
     assert LABS["prefetch-overlap"].check(from_json(raw)).holds is True
     assert f"{human_bytes(true_off)} without (the least any rank reached)" in \
@@ -334,8 +335,7 @@ def test_all_gather_buffers_are_read_on_the_rank_that_held_least(measured):
     peak: the reshard lab's bound of two blocks' worth reads the least any rank held."""
     raw = as_json(lab_measurements(measured, "reshard-after-forward"))
     ranks = raw[RESHARD_ON_PREFETCH]["memory"]["per_rank"]
-    block = next(c["bytes"] for c in raw[RESHARD_ON]["comm"]["collectives"]
-                 if (c["op"], c["phase"], c["module"]) == ("all_gather", "forward", "blocks.0"))
+    block = forward_gather_bytes(raw[RESHARD_ON], "blocks.0")
     assert [r["category_peaks"]["all_gather_buffers"] for r in ranks] == [2 * block] * len(ranks)
     ranks[0]["category_peaks"]["all_gather_buffers"] += block  # a stale buffer on rank 0 only
     assert LABS["reshard-after-forward"].check(from_json(raw)).holds is True
