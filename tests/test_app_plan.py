@@ -132,6 +132,17 @@ def test_an_hsdp_mesh_puts_each_collective_on_its_mesh_dimension(client):
     assert "not applicable: a replicas x shards mesh is HSDP" in text  # ddp and zero1 cannot run it
 
 
+def test_a_mesh_alone_says_how_many_gpus(client):
+    status, text = page(client, {**GPT2, "gpus": "", "mesh": "2x8"})
+    assert status == 200
+    assert input_value(text, "gpus") == "16"
+    request = PlanRequest(ModelShape.named("gpt2-small"), Mesh(shards=8, replicas=2), 80, micro_batch=2, seq=512,
+                          strategy="zero3")
+    assert cell_bytes(text, "analytic-zero3-total") == plan_analytic(request).peak.total
+    status, text = page(client, {**GPT2, "gpus": "", "mesh": "1000x1000"})
+    assert status == 400 and "HSDP mesh 1000x1000 is 1,000,000 GPUs, more than 131,072." in text
+
+
 def test_the_url_carries_every_input_and_the_form_shows_them_again(client):
     query = {"size": "custom", "layers": "6", "width": "512", "heads": "8", "vocab": "32000", "seq_len": "1024",
              "tied": "on", "gpus": "16", "mesh": "4x4", "gpu_memory_gb": "141", "headroom": "15", "micro_batch": "3",

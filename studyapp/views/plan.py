@@ -87,7 +87,8 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("seq_len", "Model sequence length", str(_SEVEN_B.block_size), hint="the longest sequence it takes"),
     Field("tied", "Tied embedding and head", "", "flag"),
     Field("gpus", "GPUs", "64", maximum=MAX_GPUS),
-    Field("mesh", "HSDP mesh (replicas x shards)", "", "mesh", hint="optional, e.g. 8x8; must make up the GPUs"),
+    Field("mesh", "HSDP mesh (replicas x shards)", "", "mesh",
+          hint="optional, e.g. 8x8; must make up the GPUs (an empty GPUs field takes it)"),
     Field("gpu_memory_gb", "GPU memory (GB)", "80", "float", minimum=0, maximum=MAX_GPU_MEMORY_GB,
           hint="decimal GB per GPU: 80 for an H100, 141 for an H200", positive=True),
     Field("headroom", "Headroom (%)", "10", "float", minimum=0, maximum=99,
@@ -213,6 +214,13 @@ def _check_together(inputs: Inputs) -> None:
     width, heads = number("width"), number("heads")
     if width and heads and width % heads:
         errors.setdefault("heads", f"Heads ({heads}) must divide the width ({width}).")
+    if v["mesh"] and "mesh" not in errors and v["gpus"] == "":  # only the mesh given: it says how many GPUs
+        replicas, shards = map(int, v["mesh"].split("x"))
+        if replicas * shards > MAX_GPUS:
+            errors["mesh"] = f"HSDP mesh {v['mesh']} is {replicas * shards:,} GPUs, more than {MAX_GPUS:,}."
+        else:
+            errors.pop("gpus", None)
+            v["gpus"] = str(replicas * shards)
     gpus = number("gpus")
     if v["mesh"] and "mesh" not in errors and gpus:
         replicas, shards = map(int, v["mesh"].split("x"))
