@@ -171,6 +171,16 @@ def test_a_hang_in_rank_1_ends_the_run_at_the_timeout_naming_rank_1(children_bef
     assert new_children(children_before_the_test) == []
 
 
+def test_a_timeout_shorter_than_start_up_says_the_ranks_did_not_start(children_before_the_test):
+    # The first check comes after 0.2 s of waiting; no rank imports torch and joins gloo that fast.
+    with pytest.raises(RankFailed) as failure:
+        run_ranks(sum_of_ranks, 2, 10.0, timeout_s=0.01)
+    assert failure.value.reason.startswith("did not start within 0.01 s: no rank had yet imported torch")
+    assert "hung" not in failure.value.reason and "\n" not in failure.value.reason
+    assert "timeout covers that start-up" in str(failure.value)
+    assert new_children(children_before_the_test) == []
+
+
 def test_a_rank_killed_by_a_signal_is_named(children_before_the_test):
     with pytest.raises(RankFailed) as failure:
         run_ranks(killed_in_rank_1, 2, timeout_s=120)

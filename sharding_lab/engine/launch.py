@@ -401,7 +401,13 @@ def _raise_hung(processes, done, counts, labels, stack_dir: Path, timeout_s: flo
         if processes[rank].is_alive():
             os.kill(processes[rank].pid, signal.SIGUSR1)  # faulthandler dumps its Python stack
     time.sleep(0.5)
-    stack = (stack_dir / f"rank{culprit}.txt").read_text(errors="replace").strip()
+    stack_file = stack_dir / f"rank{culprit}.txt"  # absent if the rank had not yet reached its main
+    stack = stack_file.read_text(errors="replace").strip() if stack_file.exists() else ""
+    if not any(counts[rank] for rank in range(len(processes))):
+        # Not a hang in the run: the timeout, which covers start-up, ended before any rank was ready.
+        raise RankFailed(culprit, f"did not start within {timeout_s:g} s: no rank had yet imported torch and joined "
+                         "the process group, which takes seconds; the timeout covers that start-up, so allow more",
+                         stack, "Python stack when the time ran out")
     progress = "; ".join(f"rank {r} at {_label(labels, r) or '(not started)'!r}" for r in unfinished)
     who = "" if len(laggards) == 1 else f" (ranks {laggards} equally far; naming the first)"
     raise RankFailed(culprit, f"hung: no result within {timeout_s:g} s{who}. Progress: {progress}.", stack,
