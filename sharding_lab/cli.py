@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-size", type=int, default=2, help="ranks to start (default 2)")
     parser.add_argument("--size", default="tiny", choices=list(SIZES), help="model size (default tiny)")
+    parser.add_argument("--tied", action="store_true", help="the head uses the embedding's weight (GPT-2's tie)")
     parser.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True,
                         help="FSDP explicit prefetching of the next block's all-gather (default on)")
     parser.add_argument("--mixed-precision", action="store_true", help="bf16 parameters, fp32 reduction")
@@ -73,7 +74,7 @@ def _run_config(args: argparse.Namespace, strategy: str, *, fsdp_options_only_wh
         strategy, world_size=args.world_size, device=args.device, placement=args.placement, size=args.size,
         prefetch=args.prefetch, mixed_precision=args.mixed_precision, check_gradients=args.check_gradients,
         activation_checkpointing=args.activation_checkpointing, grad_accum_steps=args.grad_accum,
-        **fsdp_options, **options,
+        model_overrides={"tied": True} if args.tied else {}, **fsdp_options, **options,
     )
 
 

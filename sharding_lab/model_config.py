@@ -19,6 +19,7 @@ class GPTConfig:
     n_head: int = 12  # attention heads; must divide n_embd
     n_embd: int = 768  # residual stream width
     bias: bool = True  # biases in Linear and LayerNorm, as in GPT-2
+    tied: bool = False  # lm_head shares wte's weight, as in GPT-2; the named sizes are untied, as LLaMA
     # No dropout: the labs compare gradients across strategies, and dropout would make them differ.
 
     def to_dict(self) -> dict:
@@ -51,7 +52,8 @@ def config_for(name: str, **overrides) -> GPTConfig:
 
 
 def parameter_shapes(config: GPTConfig) -> list[tuple[str, tuple[int, ...]]]:
-    """(name, shape) of every parameter, in the model's order (nanoGPT's layout, untied head)."""
+    """(name, shape) of every parameter, in the model's order (nanoGPT's layout). A tied head is no
+    parameter of its own: `wte.weight` serves both, as `named_parameters()` lists it once."""
     C, bias = config.n_embd, config.bias
 
     def linear(name: str, n_in: int, n_out: int) -> list[tuple[str, tuple[int, ...]]]:
@@ -67,7 +69,7 @@ def parameter_shapes(config: GPTConfig) -> list[tuple[str, tuple[int, ...]]]:
         shapes += linear(f"{block}.attn.c_attn", C, 3 * C) + linear(f"{block}.attn.c_proj", C, C)
         shapes += layer_norm(f"{block}.ln_2")
         shapes += linear(f"{block}.mlp.c_fc", C, 4 * C) + linear(f"{block}.mlp.c_proj", 4 * C, C)
-    shapes += layer_norm("ln_f") + [("lm_head.weight", (config.vocab_size, C))]
+    shapes += layer_norm("ln_f") + ([] if config.tied else [("lm_head.weight", (config.vocab_size, C))])
     return shapes
 
 

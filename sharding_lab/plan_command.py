@@ -63,8 +63,6 @@ def simulation_unavailable(request: PlanRequest) -> str | None:
     """Why the engine's simulation cannot answer this request, or None when it can."""
     if not request.strategy.fully_sharded:
         return f"simulation not available for {request.strategy} (it simulates FSDP2: zero2, zero3)"
-    if request.model.tied:
-        return "simulation not available for tied embeddings (our GPT is untied)"
     if request.cpu_offload:
         return ("simulation not available with CPU offload: it runs on the CPU, where the host memory the "
                 "offloaded states move to is the device itself, so it would count them as GPU memory")

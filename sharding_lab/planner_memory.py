@@ -342,6 +342,11 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
     m.op("wte's weight gradient", gradients=wte_grad)
     m.op("the input gradient freed", temporaries=-tc)
     m.op("added to the kept ones", gradients=-(wpe_grad + wte_grad) if accumulated else 0)
+    if step.tied and not accumulated:
+        # A tied weight's second gradient (the embedding's, after the head's) is summed out of place:
+        # the sum is one vocab x width tensor more for a moment, then the two it adds are freed.
+        m.op("the tied weight's two gradients summed", gradients=wte_grad)
+        m.op("the two freed", gradients=-2 * wte_grad)
     m.phase("root reduce-scatter")
     m.op("the root resharded", parameters=-R)
     m.op("the last block's reduce-scatter buffer freed", reduce_scatter_buffers=-FP32 * block_padded)

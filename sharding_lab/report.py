@@ -84,8 +84,9 @@ def _title(m: Measurement) -> str:
         extras.append(f"HSDP {c.replicas} replicas x {c.world_size // c.replicas} shards")
     if c.grad_accum_steps > 1:
         extras.append(f"{c.grad_accum_steps} micro-batches per step")
+    tied = " with a tied head" if c.model.get("tied") else ""
     return (
-        f"{c.strategy} on {c.world_size} ranks ({c.backend}, {c.device}), {c.size}: "
+        f"{c.strategy} on {c.world_size} ranks ({c.backend}, {c.device}), {c.size}{tied}: "
         f"{c.num_params:,} params, {c.n_blocks} blocks" + (f"; {', '.join(extras)}" if extras else "")
     )
 

@@ -321,9 +321,10 @@ def test_simulate_refuses_bad_input_a_missing_token_and_what_it_cannot_simulate(
     assert bad.status_code == 400 and "Heads (5) must divide the width" in bad.get_json()["error"]
     assert client.post("/plan/simulations", json=[1], headers=headers).status_code == 400
     assert client.post("/plan/simulations", json={"gpus": 8}, headers=headers).status_code == 400
-    tied = client.post("/plan/simulations", json={**GPT2, "tied": "on"}, headers=headers)
-    assert tied.status_code == 400 and "tied" in tied.get_json()["error"]
-    assert "disabled" in page(client, {**GPT2, "tied": "on"})[1].split('id="simulate-form"')[1].split("</button>")[0]
+    offload = client.post("/plan/simulations", json={**GPT2, "cpu_offload": "on"}, headers=headers)
+    assert offload.status_code == 400 and "CPU offload" in offload.get_json()["error"]
+    assert "disabled" in page(client, {**GPT2, "cpu_offload": "on"})[1].split('id="simulate-form"')[1].split("</button>")[0]
+    assert "disabled" not in page(client, {**GPT2, "tied": "on"})[1].split('id="simulate-form"')[1].split("</button>")[0]
     assert plan_runs(app) == []
     assert client.get("/plan/simulations/99").status_code == 404
 

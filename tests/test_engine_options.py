@@ -30,6 +30,8 @@ TWO_RANKS = {
     "ddp": _run("ddp"),
     "ddp accum 2": _run("ddp", grad_accum_steps=2),
     "ddp checkpointed": _run("ddp", activation_checkpointing=True, check_gradients=True),
+    "zero3 tied": _run("zero3", model_overrides={"tied": True}, check_gradients=True),
+    "ddp tied": _run("ddp", model_overrides={"tied": True}, check_gradients=True),
 }
 FOUR_RANKS = {
     "hsdp 2x2": _run("zero3", world_size=4, replicas=2, check_gradients=True),
@@ -119,6 +121,22 @@ def test_hsdp_shards_within_a_group_and_all_reduces_across_replicas():
     scattered = sum(c.bytes for c in hsdp.comm.collectives if c.op == "reduce_scatter")
     assert sum(c.bytes for c in hsdp.comm.collectives if c.op == "all_reduce") == scattered // 2
     assert {c.mesh_dim for c in full.comm.collectives} == {"dp"}
+
+
+def test_a_tied_head_is_one_parameter_sharded_once_with_the_summed_gradient():
+    head = SIZES["tiny"].vocab_size * SIZES["tiny"].n_embd  # 128 x 32: the weight a tie saves
+    for name in ("zero3 tied", "ddp tied"):
+        m = runs()[name]
+        assert m.gradient_parity.holds, (name, m.gradient_parity)  # the embedding's and the head's, summed
+        assert m.num_params == PSI - head
+    assert runs()["zero3 tied"].ranks[0].model_states_bytes == 16 * (PSI - head) // 2
+    assert runs()["ddp tied"].ranks[0].model_states_bytes == 16 * (PSI - head)
+    # The root's all-gather carries one vocab x width weight instead of two; every block's is the same.
+    gathers = [(c.module, c.bytes) for c in runs()["zero3 tied"].comm.collectives if c.op == "all_gather"]
+    untied = [(c.module, c.bytes) for c in runs()["zero3"].comm.collectives if c.op == "all_gather"]
+    assert [b for _, b in gathers][0] == [b for _, b in untied][0] - 4 * head
+    assert gathers[1:] == untied[1:]
+    assert runs()["ddp tied"].comm.bytes_per_step == 4 * (PSI - head)
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from sharding_measurements import typed
 
 from sharding_lab import cli
 from sharding_lab.engine.launch import RankFailed
+from sharding_lab.model_config import SIZES, num_params
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -124,6 +125,22 @@ def test_measure_json_is_exactly_one_object_with_the_documented_fields():
     assert set(m["comm"]["totals"]) >= {"all_gather", "reduce_scatter", "all_reduce", "broadcast"}
     assert m["predicted"]["model_states_bytes_per_rank"]["total"] == m["memory"]["per_rank"][0]["model_states_bytes"]
     assert m["step_time_s"] > 0
+
+
+@pytest.mark.slow
+def test_measure_tied_runs_the_model_with_its_head_tied_to_the_embedding(capsys):
+    assert cli.main(["measure", "--strategy", "zero3", "--tied", "--check-gradients", "--json"]) == 0
+    m = json.loads(capsys.readouterr().out)
+    tiny = SIZES["tiny"]
+    assert m["config"]["model"]["tied"] is True
+    assert m["config"]["num_params"] == num_params(tiny) - tiny.vocab_size * tiny.n_embd
+    assert m["gradient_parity"]["holds"]
+    from sharding_lab.measurement import Measurement
+    from sharding_lab.report import render_measurement
+
+    console = Console(record=True, width=400)
+    render_measurement(Measurement.from_json(m), console)
+    assert f"tiny with a tied head: {m['config']['num_params']:,} params" in console.export_text()
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import torch
 
 from sharding_lab.engine import model as model_module
 from sharding_lab.engine.model import GPT, SIZES, GPTConfig, config_for
+from sharding_lab.model_config import parameter_shapes
 
 
 def gpt_params(c: GPTConfig) -> int:
@@ -37,6 +38,24 @@ def test_unknown_size_names_the_valid_ones():
     with pytest.raises(ValueError, match="tiny, mini, gpt2-small"):
         config_for("huge")
     assert config_for("tiny", n_layer=2).n_layer == 2
+
+
+def test_a_tied_head_is_the_embeddings_own_weight():
+    config = config_for("tiny", tied=True)
+    model = GPT(config)
+    assert model.lm_head.weight is model.wte.weight
+    assert model.num_params() == gpt_params(config) - config.vocab_size * config.n_embd  # one V x C, not two
+    assert "lm_head.weight" not in dict(model.named_parameters())
+    assert [(n, tuple(p.shape)) for n, p in model.named_parameters()] == parameter_shapes(config)
+    # Its gradient is the sum of the head's and the embedding's.
+    model.init_weights()
+    idx = torch.randint(0, 128, (2, 16))
+    model(idx, idx).backward()
+    head_only = GPT(config_for("tiny"))
+    head_only.load_state_dict({**model.state_dict(), "lm_head.weight": model.wte.weight.detach().clone()})
+    head_only(idx, idx).backward()
+    summed = head_only.wte.weight.grad + head_only.lm_head.weight.grad
+    assert torch.allclose(model.wte.weight.grad, summed, atol=1e-7)
 
 
 def test_meta_model_materialises_and_initialises_like_gpt2():

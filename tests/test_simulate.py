@@ -224,6 +224,9 @@ MEASURED_CASES = {
     "mixed precision": Case("tiny", 2, 32, 2, True),
     "activation checkpointing": Case("tiny", 2, 32, 2, False, (("activation_checkpointing", True),)),
     "cpu offload": Case("tiny", 2, 32, 2, False, (("cpu_offload", True),)),
+    # A wide vocabulary, so the end of backward holds the peak: the tied weight's two gradients summed.
+    "tied head": Case("tiny", 2, 8, 1, False, (("model_overrides", (
+        ("n_embd", 64), ("n_head", 2), ("n_layer", 2), ("tied", True), ("vocab_size", 8192))),)),
     "grad accum 2": Case("tiny", 2, 32, 2, False, (("grad_accum_steps", 2),)),
     "hsdp 2x2": Case("tiny", 4, 32, 2, False, (("replicas", 2),)),
     "hsdp 2x2, 6 blocks, checkpointing, accum 2": Case(

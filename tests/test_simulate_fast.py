@@ -81,10 +81,10 @@ def test_a_step_without_the_structure_is_refused():
 # --- the simulation: extrapolated against every block simulated ---------------------------------------------
 
 
-def _config(strategy: str = "zero3", world_size: int = 4, n_layer: int = 6, **options) -> RunConfig:
+def _config(strategy: str = "zero3", world_size: int = 4, n_layer: int = 6, tied: bool = False, **options) -> RunConfig:
     options.setdefault("seq_len", 16)
     return RunConfig.of(
-        strategy, world_size=world_size, size="tiny", model_overrides={"n_layer": n_layer}, **options
+        strategy, world_size=world_size, size="tiny", model_overrides={"n_layer": n_layer, "tied": tied}, **options
     )
 
 
@@ -98,6 +98,7 @@ CONFIGS = {
     "cpu offload N=4 L=6": _config(cpu_offload=True),
     "hsdp 2x2 L=6": _config(replicas=2),
     "grad accum 3 N=4 L=6": _config(grad_accum_steps=3),
+    "tied head N=4 L=6": _config(tied=True),
     "all at once: hsdp 2x4, zero2, bf16, checkpointing, accum 2, L=8": _config(
         "zero2", world_size=8, n_layer=8, replicas=2, mixed_precision=True, activation_checkpointing=True,
         grad_accum_steps=2, batch_size=3,

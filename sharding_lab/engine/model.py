@@ -74,9 +74,11 @@ class GPT(nn.Module):
         # A ModuleList so a strategy can shard block by block (`for block in model.blocks`).
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
-        # Untied from `wte` (GPT-2 ties them): a tie would not survive meta -> `to_empty`, and untied
-        # every parameter belongs to exactly one module, as in LLaMA.
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        if config.tied:
+            # GPT-2's tie: one parameter, used by the embedding and the head, its gradient the sum of both.
+            # FSDP2 keeps the tie through meta -> `to_empty`; plain `to_empty` would break it.
+            self.lm_head.weight = self.wte.weight
         # Activation checkpointing: each block saves only its input, and backward reruns its forward.
         self.activation_checkpointing = False
 

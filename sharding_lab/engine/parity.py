@@ -54,7 +54,10 @@ def gradient_parity(
         return None
 
     reference = GPT(config).to(ctx.device)
-    reference.load_state_dict(before_step)
+    # strict=False only for a tied head, which named_parameters() lists once, as wte.weight.
+    missing, unexpected = reference.load_state_dict(before_step, strict=False)
+    if unexpected or set(missing) - ({"lm_head.weight"} if config.tied else set()):
+        raise RuntimeError(f"the reference model does not match: missing {missing}, unexpected {unexpected}")
     batches = [batch_for_rank(rank) for rank in range(ctx.world_size)]
     global_idx = torch.cat([b[0] for b in batches])
     global_targets = torch.cat([b[1] for b in batches])
