@@ -3,6 +3,8 @@ and (slow) the analytic peak held to the FSDP2 simulation."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sharding_lab.deepspeed_formula import (
@@ -266,8 +268,6 @@ TIED = [
 @pytest.mark.slow
 @pytest.mark.parametrize(("size", "fields"), TIED, ids=[f"{s}-{sorted(f.items())}" for s, f in TIED])
 def test_analytic_peak_equals_the_simulation_with_a_tied_head(size, fields):
-    from dataclasses import replace
-
     from sharding_lab.engine.simulate import simulate
     from sharding_lab.plan_command import run_config_for
 
@@ -281,8 +281,6 @@ def test_analytic_peak_equals_the_simulation_with_a_tied_head(size, fields):
 
 @pytest.mark.slow
 def test_a_tied_head_with_accumulation_is_low_by_what_leaves_out_says():
-    from dataclasses import replace
-
     from sharding_lab.engine.simulate import simulate
     from sharding_lab.plan_command import run_config_for
 
