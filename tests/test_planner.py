@@ -280,6 +280,20 @@ def test_analytic_peak_equals_the_simulation_with_a_tied_head(size, fields):
 
 
 @pytest.mark.slow
+def test_the_tied_gradients_sum_holds_the_peak_of_a_wide_vocabulary_tiny():
+    # The shape tests/test_simulate.py measures on real ranks, byte-equal to the simulation there.
+    from sharding_lab.engine.simulate import simulate
+    from sharding_lab.plan_command import request_for_config
+    from sharding_lab.run_config import RunConfig
+
+    config = RunConfig.of("zero3", world_size=2, size="tiny", seq_len=8, batch_size=1, model_overrides={
+        "n_embd": 64, "n_head": 2, "n_layer": 2, "tied": True, "vocab_size": 8192})
+    analytic = analytic_peak(request_for_config(config))
+    assert analytic.moment == "end of backward (the tied weight's two gradients summed)"
+    assert analytic.total == simulate(config).peak_bytes
+
+
+@pytest.mark.slow
 def test_a_tied_head_with_accumulation_is_low_by_what_leaves_out_says():
     from sharding_lab.engine.simulate import simulate
     from sharding_lab.plan_command import run_config_for
