@@ -277,11 +277,6 @@ def analytic_leaves_out(request: PlanRequest) -> tuple[str, ...]:
     if request.grad_accum_steps > 1:
         left_out.append("with accumulation, the micro-batches before the last, taken to peak no higher than the "
                         "last (they keep every gradient but hold no reduce-scatter buffer)")
-        if request.model.tied and request.strategy.fully_sharded:
-            left_out.append("with accumulation and a tied head, the first micro-batch's end of backward, where the "
-                            "tied weight's two gradients are summed out of place beside every block's kept gradient "
-                            "(the peak is low by up to one vocab x width tensor: 2.1% on gpt2-small at 8 GPUs, "
-                            "micro-batch 1 x 128)")
         if request.mixed_precision and request.strategy.fully_sharded:
             left_out.append("with accumulation under bf16, FSDP2's fp32 copy of the kept gradients beside the "
                             "bf16 ones (the peak is low by up to that copy: 4.7% on a 4-block 7b)")

@@ -307,7 +307,8 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
     m.op("lm_head's weight gradient", gradients=head_grad)
     m.op("lm_head's input gradient", temporaries=tc)
     m.op("ln_f's output freed", activations=-tc, temporaries=-t * v * a)
-    m.op("lm_head's gradient added to the kept one", gradients=-head_grad if accumulated else 0)
+    # (A tied head's gradient waits instead for the embedding's, to be summed with it at the end of backward.)
+    m.op("lm_head's gradient added to the kept one", gradients=-head_grad if accumulated and not step.tied else 0)
     m.op("ln_f backward", temporaries=tc, gradients=ln_f_grads)
     m.op("ln_f's input freed", activations=-tc - stats, temporaries=-tc)
     m.op("ln_f's gradients added to the kept ones", gradients=-ln_f_grads if accumulated else 0)
@@ -341,12 +342,15 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
     m.op("positions freed", activations=-positions, temporaries=-step.seq * c * a)
     m.op("wte's weight gradient", gradients=wte_grad)
     m.op("the input gradient freed", temporaries=-tc)
-    m.op("added to the kept ones", gradients=-(wpe_grad + wte_grad) if accumulated else 0)
-    if step.tied and not accumulated:
-        # A tied weight's second gradient (the embedding's, after the head's) is summed out of place:
-        # the sum is one vocab x width tensor more for a moment, then the two it adds are freed.
+    if step.tied:
+        # A tied weight's two gradients (the head's, held since the loss's backward, and the embedding's)
+        # are summed out of place: one vocab x width tensor more for a moment. The sum becomes its
+        # gradient, or with accumulation is added to the kept one and freed with the two.
+        m.op("wpe's gradient added to the kept one", gradients=-wpe_grad if accumulated else 0)
         m.op("the tied weight's two gradients summed", gradients=wte_grad)
-        m.op("the two freed", gradients=-2 * wte_grad)
+        m.op("the two freed", gradients=-(3 if accumulated else 2) * wte_grad)
+    else:
+        m.op("added to the kept ones", gradients=-(wpe_grad + wte_grad) if accumulated else 0)
     m.phase("root reduce-scatter")
     m.op("the root resharded", parameters=-R)
     m.op("the last block's reduce-scatter buffer freed", reduce_scatter_buffers=-FP32 * block_padded)
@@ -359,7 +363,22 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
          activations=-loss_scalars // 2)
     largest = max(fsdp_padded_numel([shape], s) for shape in all_shapes) // s
     m.op("Adam's temporaries for the largest shard", optimizer_state=0 if step.cpu_offload else 2 * FP32 * largest)
-    return m.result()
+    moments = m.result()
+    if step.tied and accumulated and not step.mixed_precision:
+        # The ledger walks the last micro-batch. Those before it end their backward still holding every
+        # block's gradient (nothing is reduce-scattered before the last) when the tied weight's two new
+        # gradients are summed: the first beside the blocks' own and the root's new ones, a middle one
+        # beside every kept gradient, the tied weight's included.
+        before_last = {"first micro-batch's": layers * block_grads + wpe_grad + ln_f_grads + 3 * wte_grad}
+        if step.grad_accum_steps > 2:
+            before_last["a middle micro-batch's"] = accumulated + 3 * wte_grad
+        moments += [
+            Moment(f"{which} end of backward (the tied weight's two gradients summed)", gradients=grads_held,
+                   parameters=params_sharded + R, optimizer_state=optimizer, activations=inputs + loss_scalars,
+                   host=host)
+            for which, grads_held in before_last.items()
+        ]
+    return moments
 
 
 def _block_forward(tc: int, stats: int, lse: int) -> list[tuple[str, int]]:

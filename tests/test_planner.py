@@ -262,6 +262,11 @@ TIED = [
     ("gpt2-small", dict(gpus=3, micro_batch=1, seq=64)),
     ("mini", dict(gpus=2, micro_batch=2, seq=64, strategy=Strategy.ZERO2)),
     ("7b", dict(gpus=64, micro_batch=1, seq=2048)),
+    # With accumulation: the first micro-batch's end of backward (every block's gradient still held), a
+    # middle one's (every kept gradient too), and the head's gradient held through the last one's blocks.
+    ("gpt2-small", dict(gpus=8, micro_batch=1, seq=128, grad_accum_steps=2)),
+    ("gpt2-small", dict(gpus=8, micro_batch=1, seq=128, grad_accum_steps=3)),
+    ("7b", dict(gpus=64, micro_batch=1, seq=2048, grad_accum_steps=4)),
 ]
 
 
@@ -280,26 +285,27 @@ def test_analytic_peak_equals_the_simulation_with_a_tied_head(size, fields):
 
 
 @pytest.mark.slow
-def test_the_tied_gradients_sum_holds_the_peak_of_a_wide_vocabulary_tiny():
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_the_tied_gradients_sum_holds_the_peak_of_a_wide_vocabulary_tiny(micro_batches):
     # The shape tests/test_simulate.py measures on real ranks, byte-equal to the simulation there.
     from sharding_lab.engine.simulate import simulate
     from sharding_lab.plan_command import request_for_config
     from sharding_lab.run_config import RunConfig
 
-    config = RunConfig.of("zero3", world_size=2, size="tiny", seq_len=8, batch_size=1, model_overrides={
-        "n_embd": 64, "n_head": 2, "n_layer": 2, "tied": True, "vocab_size": 8192})
+    config = RunConfig.of("zero3", world_size=2, size="tiny", seq_len=8, batch_size=1, grad_accum_steps=micro_batches,
+                          model_overrides={"n_embd": 64, "n_head": 2, "n_layer": 2, "tied": True, "vocab_size": 8192})
     analytic = analytic_peak(request_for_config(config))
     assert analytic.moment == "end of backward (the tied weight's two gradients summed)"
     assert analytic.total == simulate(config).peak_bytes
 
 
 @pytest.mark.slow
-def test_a_tied_head_with_accumulation_is_low_by_what_leaves_out_says():
+def test_a_tied_head_with_accumulation_under_bf16_is_within_the_bound():
+    # bf16 with accumulation is the one regime the analytic model does not follow exactly (leaves_out says so).
     from sharding_lab.engine.simulate import simulate
     from sharding_lab.plan_command import run_config_for
 
     request = PlanRequest(replace(ModelShape.named("gpt2-small"), tied=True), Mesh.of(8), 80, micro_batch=1,
-                          seq=128, grad_accum_steps=2)
+                          seq=128, grad_accum_steps=2, mixed_precision=True)
     simulated = simulate(run_config_for(request)).peak_bytes
-    low = 1 - analytic_peak(request).total / simulated
-    assert f"{low:.1%} on gpt2-small" in " ".join(plan_analytic(request).leaves_out)
+    assert abs(analytic_peak(request).total / simulated - 1) <= ANALYTIC_BOUND

@@ -217,6 +217,7 @@ def test_the_simulations_own_peak_is_fsdp_mem_trackers(monkeypatch):
 
 # --- held against measure: real CPU ranks (gloo), every engine option ---------------------------------------
 
+WIDE_TIED = (("n_embd", 64), ("n_head", 2), ("n_layer", 2), ("tied", True), ("vocab_size", 8192))
 MEASURED_CASES = {
     "zero3": Case("tiny", 2, 32, 2, False),
     "zero3, 6 blocks (extrapolated)": Case("tiny", 2, 32, 2, False, (("model_overrides", (("n_layer", 6),)),)),
@@ -225,8 +226,8 @@ MEASURED_CASES = {
     "activation checkpointing": Case("tiny", 2, 32, 2, False, (("activation_checkpointing", True),)),
     "cpu offload": Case("tiny", 2, 32, 2, False, (("cpu_offload", True),)),
     # A wide vocabulary, so the end of backward holds the peak: the tied weight's two gradients summed.
-    "tied head": Case("tiny", 2, 8, 1, False, (("model_overrides", (
-        ("n_embd", 64), ("n_head", 2), ("n_layer", 2), ("tied", True), ("vocab_size", 8192))),)),
+    "tied head": Case("tiny", 2, 8, 1, False, (("model_overrides", WIDE_TIED),)),
+    "tied head, accumulation 2": Case("tiny", 2, 8, 1, False, (("model_overrides", WIDE_TIED), ("grad_accum_steps", 2))),
     "grad accum 2": Case("tiny", 2, 32, 2, False, (("grad_accum_steps", 2),)),
     "hsdp 2x2": Case("tiny", 4, 32, 2, False, (("replicas", 2),)),
     "hsdp 2x2, 6 blocks, checkpointing, accum 2": Case(
