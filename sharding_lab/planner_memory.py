@@ -348,7 +348,8 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
         # gradient, or with accumulation is added to the kept one and freed with the two.
         m.op("wpe's gradient added to the kept one", gradients=-wpe_grad if accumulated else 0)
         m.op("the tied weight's two gradients summed", gradients=wte_grad)
-        m.op("the two freed", gradients=-(3 if accumulated else 2) * wte_grad)
+        m.op("the two freed" + (", and the sum once added" if accumulated else ""),
+             gradients=-(3 if accumulated else 2) * wte_grad)
     else:
         m.op("added to the kept ones", gradients=-(wpe_grad + wte_grad) if accumulated else 0)
     m.phase("root reduce-scatter")
