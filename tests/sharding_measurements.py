@@ -13,6 +13,9 @@ from sharding_lab.measurement import Measurement
 from sharding_lab.run_config import RunConfig
 
 WORLD_SIZE = 2
+# A tiny GPT with a tied head and a wide vocabulary, so the end of backward (the tied weight's two gradients
+# summed) holds the peak: measured on real ranks in test_simulate, planned in test_planner.
+WIDE_TIED = (("n_embd", 64), ("n_head", 2), ("n_layer", 2), ("tied", True), ("vocab_size", 8192))
 
 
 def _run(strategy: str, **options) -> RunConfig:

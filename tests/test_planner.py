@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from sharding_measurements import WIDE_TIED
 
 from sharding_lab.deepspeed_formula import (
     deepspeed_estimate,
@@ -293,7 +294,7 @@ def test_the_tied_gradients_sum_holds_the_peak_of_a_wide_vocabulary_tiny(micro_b
     from sharding_lab.run_config import RunConfig
 
     config = RunConfig.of("zero3", world_size=2, size="tiny", seq_len=8, batch_size=1, grad_accum_steps=micro_batches,
-                          model_overrides={"n_embd": 64, "n_head": 2, "n_layer": 2, "tied": True, "vocab_size": 8192})
+                          model_overrides=dict(WIDE_TIED))
     analytic = analytic_peak(request_for_config(config))
     assert analytic.moment == "end of backward (the tied weight's two gradients summed)"
     assert analytic.total == simulate(config).peak_bytes

@@ -8,6 +8,7 @@ import json
 import math
 
 import pytest
+from sharding_measurements import WIDE_TIED
 
 from sharding_lab import estimate
 from sharding_lab.engine.model import GPT, config_for
@@ -217,7 +218,6 @@ def test_the_simulations_own_peak_is_fsdp_mem_trackers(monkeypatch):
 
 # --- held against measure: real CPU ranks (gloo), every engine option ---------------------------------------
 
-WIDE_TIED = (("n_embd", 64), ("n_head", 2), ("n_layer", 2), ("tied", True), ("vocab_size", 8192))
 MEASURED_CASES = {
     "zero3": Case("tiny", 2, 32, 2, False),
     "zero3, 6 blocks (extrapolated)": Case("tiny", 2, 32, 2, False, (("model_overrides", (("n_layer", 6),)),)),

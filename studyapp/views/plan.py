@@ -214,19 +214,17 @@ def _check_together(inputs: Inputs) -> None:
     width, heads = number("width"), number("heads")
     if width and heads and width % heads:
         errors.setdefault("heads", f"Heads ({heads}) must divide the width ({width}).")
-    if v["mesh"] and "mesh" not in errors and v["gpus"] == "":  # only the mesh given: it says how many GPUs
-        replicas, shards = map(int, v["mesh"].split("x"))
-        if replicas * shards > MAX_GPUS:
-            errors["mesh"] = f"HSDP mesh {v['mesh']} is {replicas * shards:,} GPUs, more than {MAX_GPUS:,}."
+    mesh_gpus = math.prod(map(int, v["mesh"].split("x"))) if v["mesh"] and "mesh" not in errors else None
+    if mesh_gpus and v["gpus"] == "":  # only the mesh given: it says how many GPUs
+        if mesh_gpus > MAX_GPUS:
+            errors["mesh"] = f"HSDP mesh {v['mesh']} is {mesh_gpus:,} GPUs, more than {MAX_GPUS:,}."
         else:
             errors.pop("gpus", None)
-            v["gpus"] = str(replicas * shards)
+            v["gpus"] = str(mesh_gpus)
     gpus = number("gpus")
-    if v["mesh"] and "mesh" not in errors and gpus:
-        replicas, shards = map(int, v["mesh"].split("x"))
-        if replicas * shards != gpus:
-            errors["mesh"] = (f"HSDP mesh {v['mesh']} is {replicas * shards} GPUs, but GPUs is {gpus}: "
-                              "replicas x shards must make up the GPUs.")
+    if mesh_gpus and "mesh" not in errors and gpus and mesh_gpus != gpus:
+        errors["mesh"] = (f"HSDP mesh {v['mesh']} is {mesh_gpus} GPUs, but GPUs is {gpus}: "
+                          "replicas x shards must make up the GPUs.")
     seq, seq_len = number("seq"), number("seq_len")
     if seq and seq_len and seq > seq_len:
         errors.setdefault("seq", f"Sequence ({seq}) exceeds the model's sequence length ({seq_len}).")
