@@ -392,26 +392,32 @@ def _label(labels, rank: int) -> str:
 
 def _raise_hung(processes, done, counts, labels, stack_dir: Path, timeout_s: float) -> None:
     unfinished = [rank for rank in range(len(processes)) if rank not in done]
-
-    # The rank that got least far is the one the others are waiting for.
-    least = min(counts[rank] for rank in unfinished)
-    laggards = [rank for rank in unfinished if counts[rank] == least]
-    culprit = laggards[0]
+    progress = {rank: (counts[rank], _label(labels, rank)) for rank in range(len(processes))}
+    culprit, reason, details_name = timed_out(progress, unfinished, timeout_s)
     for rank in unfinished:
         if processes[rank].is_alive():
             os.kill(processes[rank].pid, signal.SIGUSR1)  # faulthandler dumps its Python stack
     time.sleep(0.5)
     stack_file = stack_dir / f"rank{culprit}.txt"  # absent if the rank had not yet reached its main
     stack = stack_file.read_text(errors="replace").strip() if stack_file.exists() else ""
-    if not any(counts[rank] for rank in range(len(processes))):
+    raise RankFailed(culprit, reason, stack, details_name)
+
+
+def timed_out(progress: dict[int, tuple[int, str]], unfinished: list[int], timeout_s: float) -> tuple[int, str, str]:
+    """(the rank to name, the reason, what its stack shows) for a run out of time, from each rank's
+    (progress marks, last label)."""
+    # The rank that got least far is the one the others are waiting for.
+    least = min(progress[rank][0] for rank in unfinished)
+    laggards = [rank for rank in unfinished if progress[rank][0] == least]
+    if not any(marks for marks, _ in progress.values()):
         # Not a hang in the run: the timeout, which covers start-up, ended before any rank was ready.
-        raise RankFailed(culprit, f"did not start within {timeout_s:g} s: no rank had yet imported torch and joined "
-                         "the process group, which takes seconds; the timeout covers that start-up, so allow more",
-                         stack, "Python stack when the time ran out")
-    progress = "; ".join(f"rank {r} at {_label(labels, r) or '(not started)'!r}" for r in unfinished)
+        return (laggards[0], f"did not start within {timeout_s:g} s: no rank had yet imported torch and joined the "
+                "process group, which takes seconds; the timeout covers that start-up, so allow more",
+                "Python stack when the time ran out")
+    where = "; ".join(f"rank {r} at {progress[r][1] or '(not started)'!r}" for r in unfinished)
     who = "" if len(laggards) == 1 else f" (ranks {laggards} equally far; naming the first)"
-    raise RankFailed(culprit, f"hung: no result within {timeout_s:g} s{who}. Progress: {progress}.", stack,
-                     "Python stack when it was found hung")
+    return (laggards[0], f"hung: no result within {timeout_s:g} s{who}. Progress: {where}.",
+            "Python stack when it was found hung")
 
 
 def _stop_all(processes) -> None:
