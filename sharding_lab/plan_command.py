@@ -237,7 +237,7 @@ def _render(results) -> None:
             summary.add_row(
                 str(analytic.request.strategy), f"{analytic.peak.total / GB:.2f}",
                 f"{simulated.peak.total / GB:.2f}" if simulated else "-", "yes" if analytic.fits else "NO",
-                str(analytic.largest_micro_batch), f"{deepspeed.gpu_bytes / GB:.2f}" if deepspeed else "-",
+                analytic.largest_micro_batch_label, f"{deepspeed.gpu_bytes / GB:.2f}" if deepspeed else "-",
                 human_bytes(sum(c.logical_bytes for c in analytic.communication)),
                 human_bytes(sum(c.wire_bytes_derived for c in analytic.communication)),
             )
@@ -260,7 +260,7 @@ def _render_strategy(console, Table, analytic: Plan, simulated: Plan | None, una
         table.add_row("in host memory (CPU offload)", human_bytes(analytic.peak.host_bytes), "-")
     fits = "yes" if analytic.fits else "NO"
     table.add_row("fits", fits, ("yes" if simulated.fits else "NO") if simulated else "-")
-    table.add_row("largest micro-batch that fits", str(analytic.largest_micro_batch), "-")
+    table.add_row("largest micro-batch that fits", analytic.largest_micro_batch_label, "-")
     if deepspeed:
         table.add_row(f"DeepSpeed ZeRO-{deepspeed.stage} formula", _gb(deepspeed.gpu_bytes), "",
                       style="dim")

@@ -236,6 +236,13 @@ class Plan:
         return self.peak.total <= self.request.usable_bytes
 
     @property
+    def largest_micro_batch_label(self) -> str:
+        """The largest micro-batch as a reader should see it: "none" where not even 1 fits."""
+        if self.largest_micro_batch is None:
+            return "-"
+        return str(self.largest_micro_batch) if self.largest_micro_batch else "none"
+
+    @property
     def headroom_statement(self) -> str:
         r = self.request
         return (f"fits if the peak is at most {1 - r.headroom:.0%} of {r.gpu_memory_gb:g} GB "

@@ -79,6 +79,9 @@ def test_the_default_page_answers_at_once_for_every_strategy(client):
     assert f'<strong id="largest-micro-batch">{plan.largest_micro_batch}</strong>' in text
     for strategy in STRATEGIES:
         assert f'id="analytic-{strategy}-total"' in text
+    # DDP's replica of 7b's model states alone, 16 B per parameter, is beyond 72 GB: not even 1 fits.
+    assert 16 * plan.num_params > request.usable_bytes
+    assert 'id="analytic-ddp-largest">none<' in text
     assert '<svg xmlns="http://www.w3.org/2000/svg" class="chart plan-chart"' in text
     assert "What these figures leave out" in text and "Wire bytes (derived)" in text
     assert text.count('<span class="method">analytic</span>') >= 3  # verdict, memory table, communication

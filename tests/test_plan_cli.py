@@ -26,6 +26,17 @@ def test_all_strategies_side_by_side(capsys):
         assert text in out
 
 
+def test_a_strategy_that_does_not_fit_even_one_sequence_says_so(capsys):
+    # 7b's DDP replica alone is 16 B x 6.86e9 = 110 GB, beyond 72 GB usable: no micro-batch fits.
+    code, out, _ = run(["--size", "7b", "--gpus", "64", "--strategy", "all"], capsys)
+    assert code == 0
+    summary = out[out.index("Side by side"):]
+    ddp_row = next(line for line in summary.splitlines() if line.startswith("│ ddp"))
+    assert [cell.strip() for cell in ddp_row.split("│")][4:6] == ["NO", "none"]
+    code, out, _ = run(["--size", "7b", "--gpus", "64", "--strategy", "ddp", "--json"], capsys)
+    assert json.loads(out)["strategies"]["ddp"]["analytic"]["largest_micro_batch"] == 0  # JSON keeps the number
+
+
 def test_json_carries_every_category_and_the_deepspeed_figure(capsys):
     code, out, _ = run(["--size", "1b", "--gpus", "8", "--micro-batch", "4", "--seq", "512",
                         "--mixed-precision", "--json"], capsys)
