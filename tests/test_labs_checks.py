@@ -219,6 +219,17 @@ def test_check_fails_on_doctored_measurements(measured, lab_id):
     assert LABS[lab_id].check(from_json(raw)).holds is False
 
 
+def test_a_late_prefetch_is_named_by_how_many_boundaries_prefetched(measured):
+    raw = as_json(lab_measurements(measured, "prefetch-overlap"))
+    _doctor_no_prefetch_in_forward(raw)  # blocks 1-3 gathered only after the block before them ended
+    reasons = LABS["prefetch-overlap"].check(from_json(raw)).reasons
+    # Four blocks make three boundaries in forward, and not one of them was prefetched.
+    assert "NOT forward, prefetch: the next block's all-gather issued before the current block ends (0 of 3 boundaries)" \
+        in reasons
+    assert "backward, prefetch: the next block's all-gather issued before the current block ends (3 of 3 boundaries)" \
+        in reasons
+
+
 def test_the_adam_lab_fails_when_the_mixed_precision_run_is_fp32_or_keeps_the_papers_layout(measured):
     from sharding_lab.labs.model_state_labs import MIXED
 

@@ -138,6 +138,11 @@ def shares_text(shares: list[float]) -> str:
     return " / ".join(percent(s) for s in shares)
 
 
+def count_of(flags: list[bool]) -> str:
+    """How many of a per-block condition held: "3 of 4"."""
+    return f"{sum(flags)} of {len(flags)}"
+
+
 def near(value: float, target: float, tolerance: float) -> bool:
     """Whether value is within `tolerance` (relative) of target."""
     return abs(value - target) <= tolerance * abs(target)

@@ -20,6 +20,7 @@ from sharding_lab.labs.base import (
     Table,
     Verdict,
     catalog_lab,
+    count_of,
     near,
     percent,
     runs_at,
@@ -335,10 +336,11 @@ def check_checkpointing(a: Checkpointing) -> Verdict:
         a.checkpointed.config.activation_checkpointing and not a.plain.config.activation_checkpointing,
         f"one run checkpoints all {a.checkpointed.n_blocks} blocks, the other none",
     )
+    once, twice = [n == 1 for n in a.forward_runs[PLAIN]], [n == 2 for n in a.forward_runs[CHECKPOINTED]]
     c.require(
-        all(n == 1 for n in a.forward_runs[PLAIN]) and all(n == 2 for n in a.forward_runs[CHECKPOINTED]),
-        f"each block's forward ran once without checkpointing ({a.forward_runs[PLAIN]}) and twice with it "
-        f"({a.forward_runs[CHECKPOINTED]}): backward recomputed it",
+        all(once) and all(twice),
+        f"each block's forward ran once without checkpointing ({count_of(once)} blocks) and twice with it "
+        f"({count_of(twice)} blocks): backward recomputed it",
     )
     saved_plain, saved_checkpointed = a.saved[PLAIN], a.saved[CHECKPOINTED]
     blocks = a.plain.n_blocks

@@ -21,6 +21,7 @@ from sharding_lab.labs.base import (
     Table,
     Verdict,
     catalog_lab,
+    count_of,
     near,
     percent,
     runs_at,
@@ -86,7 +87,7 @@ def check_allgather_before_layer(a: GatherBeforeBlocks) -> Verdict:
         f"one forward all-gather per block ({[len(a.gathers.get(i, [])) for i in blocks]})",
     )
     c.require(
-        all(a.just_before), f"each block's all-gather comes just before its forward starts ({a.just_before})"
+        all(a.just_before), f"each block's all-gather comes just before its forward starts ({count_of(a.just_before)} blocks)"
     )
     sizes = {e.bytes for i in blocks for e in a.gathers.get(i, [])}
     c.require(len(sizes) == 1, f"every block gathers the same full bytes ({sorted(sizes)})")
@@ -211,11 +212,13 @@ def check_prefetch_overlap(a: PrefetchOrder) -> Verdict:
         with_prefetch, without = a.prefetched[PREFETCH_ON][phase], a.prefetched[PREFETCH_OFF][phase]
         c.require(
             bool(with_prefetch) and all(with_prefetch),
-            f"{phase}, prefetch: the next block's all-gather issued before the current block ends ({with_prefetch})",
+            f"{phase}, prefetch: the next block's all-gather issued before the current block ends "
+            f"({count_of(with_prefetch)} boundaries)",
         )
         c.require(
             not any(without),
-            f"{phase}, no prefetch: each all-gather waits for the previous block to end ({without})",
+            f"{phase}, no prefetch: each all-gather waits for the previous block to end "
+            f"({count_of(without)} boundaries prefetched)",
         )
     c.require(
         a.gathered_on - a.gathered_off >= a.block,
@@ -227,8 +230,7 @@ def check_prefetch_overlap(a: PrefetchOrder) -> Verdict:
 
 def report_prefetch_overlap(a: PrefetchOrder) -> Report:
     def counted(key: str, phase: str) -> str:
-        flags = a.prefetched[key][phase]
-        return f"{sum(flags)} of {len(flags)}"
+        return count_of(a.prefetched[key][phase])
 
     finding = (
         f"With prefetching, the next block's all-gather was issued before the current block's compute ended for "
@@ -321,9 +323,9 @@ def check_reduce_scatter_backward(a: ScatterInBackward) -> Verdict:
         f"one reduce-scatter per block in backward ({[len(a.scatters.get(i, [])) for i in blocks]})",
     )
     c.require(
-        all(a.after_start), f"each block's reduce-scatter follows the start of its backward ({a.after_start})"
+        all(a.after_start), f"each block's reduce-scatter follows the start of its backward ({count_of(a.after_start)} blocks)"
     )
-    c.require(all(a.same_size), f"each reduce-scatter takes the block's full gradient bytes ({a.same_size})")
+    c.require(all(a.same_size), f"each reduce-scatter takes the block's full gradient bytes ({count_of(a.same_size)} blocks)")
     full = m.padded_full_bytes("grads")
     c.require(a.total == full, f"reduce-scatters cover every gradient ({a.total:,} of {full:,} B)")
     c.require(
