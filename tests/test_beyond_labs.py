@@ -27,7 +27,15 @@ from sharding_lab.labs.beyond_comm_labs import (
     ready_order_bytes,
     ring_key,
 )
-from sharding_lab.labs.beyond_memory_labs import ACCUMULATED, CHECKPOINTED, MIXED, OFFLOADED, activation_key
+from sharding_lab.labs.beyond_memory_labs import (
+    ACCUMULATED,
+    CHECKPOINTED,
+    MIXED,
+    OFFLOADED,
+    RankMemoryAtN,
+    activation_key,
+    check_activation_memory,
+)
 from sharding_lab.labs.beyond_partition_labs import (
     DEEPSPEED_PERSISTENCE_THRESHOLD,
     deepspeed_flat_partition,
@@ -43,6 +51,23 @@ BEYOND_LABS = [info.id for info in CATALOG if all(q.startswith("beyond-") for q 
 
 
 # --- the rules derived from shapes, by hand -------------------------------------------------------------
+
+
+def _at(world_size: int, temporaries: int) -> RankMemoryAtN:
+    states = 16 * 1_000_000 // world_size
+    return RankMemoryAtN(world_size, states, True, 9_547_272, temporaries, states + 9_547_272 + temporaries)
+
+
+def test_temporaries_may_read_the_n1_root_copies_but_not_shrink_beyond_them():
+    # mini at N=1: the root's gradients copied into a reduce-scatter input and an output as large
+    # (2 x 2,114,048 B) outweigh the loss's backward, 4 MiB at every N: 0.8% more than at N=2.
+    n1, others = 2 * 2_114_048, 4 * 1024 * 1024
+    assert check_activation_memory([_at(1, n1), _at(2, others), _at(4, others)]).holds
+    shrunk = int(n1 * 0.98)
+    verdict = check_activation_memory([_at(1, n1), _at(2, shrunk), _at(4, shrunk)])
+    assert not verdict.holds
+    assert f"NOT each rank's temporaries do not shrink as N grows, within 1.0% ({n1:,} / {shrunk:,} / {shrunk:,} B)" \
+        in verdict.reasons
 
 
 def test_the_beyond_labs_are_the_ten_the_deck_names():

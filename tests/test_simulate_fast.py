@@ -149,3 +149,23 @@ def test_without_the_structure_it_simulates_every_block_and_says_why(monkeypatch
     assert result.notes == ("not extrapolated: the two runs have different passes",)
     monkeypatch.undo()
     assert _bytes(result) == _bytes(simulate_module.simulate(config))
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_an_explicit_backward_prefetch_is_filed_as_an_all_gather_buffer(world_size):
+    """FSDP2 issues an explicit backward prefetch after the parameter group's pre_backward hook, where
+    torch's tracker files an all-gather's output as a backward temporary; ours files it as what it is."""
+    import math
+
+    from sharding_lab.engine.simulate import simulate
+    from sharding_lab.model_config import config_for, parameter_shapes
+
+    config = RunConfig.of("zero3", world_size=world_size, size="mini")
+    result = simulate(config, method="full")
+    # mini's peak is the loss's backward, with the last block's all-gather prefetched for its backward:
+    # that block's fp32 parameters (every dim 0 of mini's blocks is a multiple of 4: no padding).
+    block = sum(4 * math.prod(shape) for name, shape in parameter_shapes(config_for("mini")) if name.startswith("blocks.9."))
+    assert block == 199_936
+    assert result.peak_breakdown["all_gather_buffers"] == block
+    # Beside it, the loss's backward: two logits-sized fp32 tensors, batch 2 x seq 64 x vocab 4096.
+    assert result.peak_breakdown["temporaries"] == 2 * (2 * 64 * 4096 * 4)

@@ -230,6 +230,33 @@ def _ignoring_propagation_scratch(tracker_class: type) -> type:
     return IgnoresPropagationScratch
 
 
+# FSDPMemTracker files an all-gather's output under "All Gather" only while it thinks a parameter group's
+# own pre-forward or pre-backward hook is running. FSDP2 issues an explicit backward prefetch
+# (set_modules_to_backward_prefetch) from FSDPState._pre_backward after the group's pre_backward has
+# returned, so that block's all-gather buffer was counted as a backward temporary. In backward every
+# all-gather is an FSDP unshard: it is filed as one.
+_PREFETCH_LABEL = "filing an explicit backward prefetch's all-gather buffer as one"
+
+
+def _labelling_backward_prefetch(tracker_class: type) -> type:
+    """A subclass of FSDPMemTracker that files every all-gather output in backward as an all-gather buffer."""
+    module = "torch.distributed._tools.fsdp2_mem_tracker"
+    states = _load(module, "_FSDPState", _PREFETCH_LABEL)
+    all_gather = _attribute(torch.ops.c10d, "_allgather_base_", _PREFETCH_LABEL).default
+
+    class LabelsBackwardPrefetch(_ignoring_propagation_scratch(tracker_class)):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if func is not all_gather or _attribute(self, "_fsdp_state", _PREFETCH_LABEL) is not states.BW:
+                return super().__torch_dispatch__(func, types, args, kwargs)
+            self._fsdp_state = states.PRE_BW
+            try:
+                return super().__torch_dispatch__(func, types, args, kwargs)
+            finally:
+                self._fsdp_state = states.BW
+
+    return LabelsBackwardPrefetch
+
+
 def with_category_peaks(tracker_class: type, joint: tuple[str, ...] = ()) -> type:
     """A subclass of a torch tracker that also keeps each category's own maximum, per device, in
     `category_peaks`, and the maximum of the `joint` categories' sum (tracker category names) in
@@ -237,7 +264,7 @@ def with_category_peaks(tracker_class: type, joint: tuple[str, ...] = ()) -> typ
     tracker made here, it leaves DTensor's shape-propagation scratch out."""
     _attribute(tracker_class, "_update_snap", _TRACKING)
 
-    class KeepsCategoryPeaks(_ignoring_propagation_scratch(tracker_class)):
+    class KeepsCategoryPeaks(_labelling_backward_prefetch(tracker_class)):
         def _update_snap(self, *args: Any, **kwargs: Any) -> None:
             super()._update_snap(*args, **kwargs)
             peaks = self.__dict__.setdefault("category_peaks", {})
@@ -298,7 +325,7 @@ def observing_each_op(tracker_class: type) -> type:
     feature = "the simulation's view of each op"
     _attribute(tracker_class, "_update_peak_stats", feature)
 
-    class ObservingEachOp(_ignoring_propagation_scratch(tracker_class)):
+    class ObservingEachOp(_labelling_backward_prefetch(tracker_class)):
         def _update_peak_stats(self, peak_state: Any) -> None:
             modules = _attribute(self, "_mod_tracker", feature)
             self.observe(

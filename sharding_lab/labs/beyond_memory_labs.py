@@ -34,6 +34,11 @@ from sharding_lab.units import human_bytes
 # gloo's worker thread frees some temporaries at varying moments: per-rank figures that should not
 # depend on N are held equal within this much.
 SAME_TOLERANCE = 0.005
+# At N=1 FSDP2 runs no reduce-scatter, yet still copies each unit's gradients into a reduce-scatter input
+# and then into an output as large (from N=2, 1/N of it); with no collective to label them by, the
+# tracker files both as temporaries. On mini the root's two copies (2 x 2,114,048 B) outweigh the loss's
+# backward (4 MiB at every N), so N=1's temporaries read 0.8% above N=2's.
+N1_TEMPORARIES_TOLERANCE = 0.01
 
 
 # --- activation-memory-per-rank ---------------------------------------------------------------------------
@@ -98,11 +103,11 @@ def check_activation_memory(points: list[RankMemoryAtN]) -> Verdict:
         min(activations) > 0 and all(near(v, activations[0], SAME_TOLERANCE) for v in activations),
         f"each rank's activations stay the same as N grows ({' / '.join(f'{v:,}' for v in activations)} B)",
     )
-    # At N=1 FSDP skips its collectives' copy-in and copy-out, so temporaries are a little lower there.
     temporaries = [p.temporaries for p in points]
     c.require(
-        min(temporaries) > 0 and all(v >= temporaries[0] * (1 - SAME_TOLERANCE) for v in temporaries),
-        f"each rank's temporaries do not shrink as N grows ({' / '.join(f'{v:,}' for v in temporaries)} B)",
+        min(temporaries) > 0 and all(v >= temporaries[0] * (1 - N1_TEMPORARIES_TOLERANCE) for v in temporaries),
+        f"each rank's temporaries do not shrink as N grows, within {percent(N1_TEMPORARIES_TOLERANCE)} "
+        f"({' / '.join(f'{v:,}' for v in temporaries)} B)",
     )
     c.require(
         last.unsharded_share > first.unsharded_share
