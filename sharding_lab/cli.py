@@ -1,6 +1,6 @@
 """`sharding-lab`: measure strategies on real ranks, compare them, estimate beyond one machine.
 
-    sharding-lab measure --strategy zero3 --world-size 2 [--size tiny] [--no-prefetch] [--json]
+    sharding-lab measure --strategy zero3 --world-size 2 [--size tiny] [--micro-batch 2 --seq 64] [--no-prefetch] [--json]
         [--activation-checkpointing] [--cpu-offload] [--replicas 2] [--grad-accum 4] [--mixed-precision]
     sharding-lab compare [--world-size 2] [--json]
     sharding-lab estimate --params 7.5B --world-size 64 [--json]        (sharding_lab.estimate)
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from sharding_lab import estimate, plan_command
-from sharding_lab.cli_args import positive_float
+from sharding_lab.cli_args import positive_float, positive_int
 from sharding_lab.labs.commands import register as register_labs  # list, run (no torch on import)
 from sharding_lab.model_config import SIZES
 from sharding_lab.run_config import DEVICES, Placement, RunConfig
@@ -35,6 +35,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-size", type=int, default=2, help="ranks to start (default 2)")
     parser.add_argument("--size", default="tiny", choices=list(SIZES), help="model size (default tiny)")
     parser.add_argument("--tied", action="store_true", help="the head uses the embedding's weight (GPT-2's tie)")
+    parser.add_argument("--micro-batch", type=positive_int, default=RunConfig.batch_size,
+                        help=f"sequences per rank per forward (default {RunConfig.batch_size})")
+    parser.add_argument("--seq", type=positive_int, help="tokens per sequence (default the model's block_size)")
     parser.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True,
                         help="FSDP explicit prefetching of the next block's all-gather (default on)")
     parser.add_argument("--mixed-precision", action="store_true", help="bf16 parameters, fp32 reduction")
@@ -72,7 +75,7 @@ def _run_config(args: argparse.Namespace, strategy: str, *, fsdp_options_only_wh
         fsdp_options = {}
     return RunConfig.of(
         strategy, world_size=args.world_size, device=args.device, placement=args.placement, size=args.size,
-        prefetch=args.prefetch, mixed_precision=args.mixed_precision, check_gradients=args.check_gradients,
+        batch_size=args.micro_batch, seq_len=args.seq, prefetch=args.prefetch, mixed_precision=args.mixed_precision, check_gradients=args.check_gradients,
         activation_checkpointing=args.activation_checkpointing, grad_accum_steps=args.grad_accum,
         model_overrides={"tied": True} if args.tied else {}, **fsdp_options, **options,
     )

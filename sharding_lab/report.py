@@ -87,7 +87,8 @@ def _title(m: Measurement) -> str:
     tied = " with a tied head" if c.model.get("tied") else ""
     return (
         f"{c.strategy} on {c.world_size} ranks ({c.backend}, {c.device}), {c.size}{tied}: "
-        f"{c.num_params:,} params, {c.n_blocks} blocks" + (f"; {', '.join(extras)}" if extras else "")
+        f"{c.num_params:,} params, {c.n_blocks} blocks, micro-batch {c.batch_size_per_rank} x seq {c.seq_len}"
+        + (f"; {', '.join(extras)}" if extras else "")
     )
 
 
@@ -161,6 +162,7 @@ def render_comparison(by_strategy: dict[str, Measurement], console: Console | No
     first = next(iter(by_strategy.values())).config
     table = Table(
         title=f"Strategies side by side: {first.size} ({first.num_params:,} params), "
+        f"micro-batch {first.batch_size_per_rank} x seq {first.seq_len}, "
         f"{first.world_size} ranks, {first.backend}; rank 0, measured (predicted)"
     )
     table.add_column("")

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
+from sharding_lab.model_config import config_for
 from sharding_lab.strategies import Strategy
 
 DEVICES: tuple[str, ...] = ("cpu", "cuda")  # cpu: gloo; cuda: NCCL, one GPU per rank
@@ -135,6 +136,11 @@ class RunConfig:
             raise ValueError(f"unknown device {self.device!r}; choose one of {', '.join(DEVICES)}")
         if self.warmup_steps < 1 and self.check_gradients:
             raise ValueError("check_gradients needs at least one warm-up step")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
+        block_size = config_for(self.size, **dict(self.model_overrides)).block_size
+        if self.seq_len is not None and not 1 <= self.seq_len <= block_size:
+            raise ValueError(f"seq {self.seq_len} must be from 1 to {self.size}'s block_size {block_size}")
         if self.grad_accum_steps < 1:
             raise ValueError(f"grad_accum_steps must be at least 1, got {self.grad_accum_steps}")
         if self.check_gradients and self.grad_accum_steps > 1:

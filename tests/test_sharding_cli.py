@@ -100,6 +100,7 @@ def test_a_refused_combination_is_a_usage_error_before_any_rank_starts(capsys):
         (["--strategy", "ddp", "--cpu-offload"], "cpu_offload is an FSDP option: ddp does not shard parameters"),
         (["--strategy", "zero3", "--world-size", "4", "--replicas", "3"], "replicas=3 must divide the world size 4"),
         (["--strategy", "zero3", "--grad-accum", "0"], "grad_accum_steps must be at least 1"),
+        (["--strategy", "zero3", "--size", "mini", "--seq", "65"], "seq 65 must be from 1 to mini's block_size 64"),
     ],
 )
 def test_engine_options_the_run_cannot_take_are_named_before_any_rank_starts(argv, message, capsys):
@@ -141,6 +142,25 @@ def test_measure_tied_runs_the_model_with_its_head_tied_to_the_embedding(capsys)
     console = Console(record=True, width=400)
     render_measurement(Measurement.from_json(m), console)
     assert f"tiny with a tied head: {m['config']['num_params']:,} params" in console.export_text()
+
+
+@pytest.mark.slow
+def test_measure_takes_the_micro_batch_and_sequence_and_its_title_says_them(capsys):
+    assert cli.main(["measure", "--strategy", "zero3", "--micro-batch", "3", "--seq", "16", "--json"]) == 0
+    m = json.loads(capsys.readouterr().out)
+    assert (m["config"]["batch_size_per_rank"], m["config"]["seq_len"]) == (3, 16)
+    assert cli.main(["measure", "--strategy", "zero3", "--micro-batch", "1", "--seq", "16", "--json"]) == 0
+    one = json.loads(capsys.readouterr().out)
+    # Saved activations grow with the sequences in the batch: 3x, but for the tracker rounding each
+    # storage up to 512 B (a few small ones per block do not triple).
+    three_b, one_b = (x["memory"]["per_rank"][0]["activations_after_forward_bytes"] for x in (m, one))
+    assert abs(three_b - 3 * one_b) <= 512 * 4 * 8 and three_b > 2.5 * one_b
+    from sharding_lab.measurement import Measurement
+    from sharding_lab.report import render_measurement
+
+    console = Console(record=True, width=400)
+    render_measurement(Measurement.from_json(m), console)
+    assert "tiny: 60,096 params, 4 blocks, micro-batch 3 x seq 16;" in console.export_text()
 
 
 @pytest.mark.slow

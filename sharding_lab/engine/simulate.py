@@ -142,10 +142,7 @@ def simulate(config: RunConfig, *, method: str = EXTRAPOLATED) -> Simulation:
         raise ValueError("the simulation tracks a step after warm-up: warmup_steps must be at least 1")
     if method not in (FULL, EXTRAPOLATED):
         raise ValueError(f"method must be {FULL!r} or {EXTRAPOLATED!r}, got {method!r}")
-    model_config = _model_config(config)
-    seq_len = config.seq_len or model_config.block_size
-    if seq_len > model_config.block_size:
-        raise ValueError(f"seq {seq_len} exceeds {config.size}'s block_size {model_config.block_size}")
+    model_config = _model_config(config)  # RunConfig has held the sequence to its block_size
     if dist.is_initialized():
         raise RuntimeError("simulate starts its own fake process group; this process already has one")
 
