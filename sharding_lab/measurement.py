@@ -116,6 +116,8 @@ class RankMemory:
     activations_after_forward_bytes: int = 0  # what forward saved for backward, when the (last) forward returns
     # The most gathered parameters and all-gather output buffers alive at once (0 in files from before it).
     gathered_with_buffers_peak_bytes: int = 0
+    # The same while a block after the first runs: the root's own all-gather, often heavier, left out.
+    gathered_with_buffers_later_blocks_peak_bytes: int = 0
 
     def part_bytes(self, part: str) -> int:
         return {"params": self.params_bytes, "grads": self.grads_bytes, "optimizer": self.optimizer_bytes}[part]
@@ -380,6 +382,11 @@ class Measurement:
         """The most bytes of gathered parameters and all-gather output buffers held at once, per rank: a
         prefetched block's parameters wait in their buffer while the current block's are in use."""
         return [rank.gathered_with_buffers_peak_bytes for rank in self.ranks]
+
+    def gathered_with_buffers_later_blocks_peak(self) -> list[int]:
+        """The same while a block after the first runs, per rank: what the blocks hold, without the moment
+        the root's all-gather (on a large vocabulary, many blocks' worth) is waited on."""
+        return [rank.gathered_with_buffers_later_blocks_peak_bytes for rank in self.ranks]
 
     def all_gather_buffer_peak(self) -> list[int]:
         """The most bytes held in all-gather output buffers at once, per rank: gathered bytes waiting to be

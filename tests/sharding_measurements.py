@@ -16,6 +16,7 @@ WORLD_SIZE = 2
 # A tiny GPT with a tied head and a wide vocabulary, so the end of backward (the tied weight's two gradients
 # summed) holds the peak: measured on real ranks in test_simulate, planned in test_planner.
 WIDE_TIED = (("n_embd", 64), ("n_head", 2), ("n_layer", 2), ("tied", True), ("vocab_size", 8192))
+HEAVY_ROOT = (("vocab_size", 2048),)
 
 
 def _run(strategy: str, **options) -> RunConfig:
@@ -34,6 +35,10 @@ RUNS: dict[str, RunConfig] = {
     # FSDP made to sum gradients instead of averaging them: the parity check must fail.
     "zero3 summing": _run("zero3", gradient_divide_factor=1.0, check_gradients=True),
     "zero3 bf16": _run("zero3", mixed_precision=True),
+    # A vocabulary of 2,048 makes the root unit (embeddings and head) about ten blocks' worth, as real
+    # vocabularies do: the step's most gathered bytes are then the root's own all-gather.
+    "zero3 heavy root": _run("zero3", model_overrides=HEAVY_ROOT),
+    "zero3 heavy root no prefetch": _run("zero3", model_overrides=HEAVY_ROOT, prefetch=False),
 }
 
 

@@ -92,6 +92,24 @@ def test_prefetching_holds_exactly_one_more_block_in_gathered_params_and_all_gat
         assert off["gathered_with_buffers_peak_bytes"] == root + 2 * block
         # With it, the next block's buffer is also in flight.
         assert on["gathered_with_buffers_peak_bytes"] == root + 3 * block
+        # tiny's root is lighter than a block: the blocks after the first hold the step's most.
+        assert off["gathered_with_buffers_later_blocks_peak_bytes"] == root + 2 * block
+        assert on["gathered_with_buffers_later_blocks_peak_bytes"] == root + 3 * block
+
+
+@slow
+def test_a_root_heavier_than_the_blocks_holds_the_steps_most_and_the_blocks_window_leaves_it_out():
+    ms = measurements()
+    root, block = unit_bytes(ms["zero3 heavy root"])
+    assert root > 9 * block  # vocab 2,048 x width 32, twice, and the positions: about ten blocks
+    for on, off in zip(ms["zero3 heavy root"]["memory"]["per_rank"],
+                       ms["zero3 heavy root no prefetch"]["memory"]["per_rank"], strict=True):
+        # The step's most is where the first block's all-gather is waited on: the root's parameters, the
+        # all-gather buffer they were copied out of, and the first block's buffer; prefetching or not.
+        assert on["gathered_with_buffers_peak_bytes"] == off["gathered_with_buffers_peak_bytes"] == 2 * root + block
+        # While later blocks run, the root's buffer is gone and prefetching's one more block shows.
+        assert off["gathered_with_buffers_later_blocks_peak_bytes"] == root + 2 * block
+        assert on["gathered_with_buffers_later_blocks_peak_bytes"] == root + 3 * block
 
 
 @slow

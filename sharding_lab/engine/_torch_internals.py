@@ -257,11 +257,14 @@ def _labelling_backward_prefetch(tracker_class: type) -> type:
     return LabelsBackwardPrefetch
 
 
-def with_category_peaks(tracker_class: type, joint: tuple[str, ...] = ()) -> type:
+def with_category_peaks(
+    tracker_class: type, joint: tuple[str, ...] = (), window: Callable[[set[str]], bool] | None = None
+) -> type:
     """A subclass of a torch tracker that also keeps each category's own maximum, per device, in
     `category_peaks`, and the maximum of the `joint` categories' sum (tracker category names) in
-    `joint_peaks`: the snapshot update is private, so the hook into it lives here. Like every
-    tracker made here, it leaves DTensor's shape-propagation scratch out."""
+    `joint_peaks`, and that maximum only while `window(names of the open modules)` holds in
+    `window_joint_peaks`: the snapshot update and the module tracker are private, so the hooks into
+    them live here. Like every tracker made here, it leaves DTensor's shape-propagation scratch out."""
     _attribute(tracker_class, "_update_snap", _TRACKING)
 
     class KeepsCategoryPeaks(_labelling_backward_prefetch(tracker_class)):
@@ -269,6 +272,8 @@ def with_category_peaks(tracker_class: type, joint: tuple[str, ...] = ()) -> typ
             super()._update_snap(*args, **kwargs)
             peaks = self.__dict__.setdefault("category_peaks", {})
             joint_peaks = self.__dict__.setdefault("joint_peaks", {})
+            window_peaks = self.__dict__.setdefault("window_joint_peaks", {})
+            in_window = window is not None and window(_attribute(self, "_mod_tracker", _TRACKING).parents)
             for device, snapshot in tracker_current_snapshot(self).items():
                 device_peaks = peaks.setdefault(device, {})
                 together = 0
@@ -279,6 +284,8 @@ def with_category_peaks(tracker_class: type, joint: tuple[str, ...] = ()) -> typ
                         together += value
                 if together > joint_peaks.get(device, 0):
                     joint_peaks[device] = together
+                if in_window and together > window_peaks.get(device, 0):
+                    window_peaks[device] = together
 
     KeepsCategoryPeaks.__name__ = f"{tracker_class.__name__}WithCategoryPeaks"
     return KeepsCategoryPeaks

@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor
 
 from sharding_lab.analytic import fsdp_shard_numel
 from sharding_lab.engine import _torch_internals as internals
-from sharding_lab.measurement import CATEGORIES
+from sharding_lab.measurement import CATEGORIES, block_index
 
 # Tracker category -> ours. FSDP's tracker splits parameters and gradients into sharded and unsharded.
 _CATEGORY_NAMES: dict[str, str] = {
@@ -132,6 +132,12 @@ def _unsharded_params(snapshot: dict[str, int], fsdp: bool) -> int:
     return sum(v for k, v in snapshot.items() if getattr(k, "value", k) == wanted)
 
 
+def _a_later_block_runs(open_modules: set[str]) -> bool:
+    """Whether a block after the first is running (forward or backward). The first block's all-gather is
+    waited on while the root's output is still alive, and the root's can outweigh many blocks."""
+    return any((index := block_index(name)) is not None and index > 0 for name in open_modules)
+
+
 class MemoryTracker:
     """Track one rank's memory over the steps run inside `with tracker:`."""
 
@@ -142,10 +148,12 @@ class MemoryTracker:
         # explicit prefetching adds to (the next block waits in its buffer), whatever temporaries do.
         gathered = (_gathered_param_category(self.fsdp), "All Gather")
         if self.fsdp:
-            tracker_class = internals.with_category_peaks(internals.fsdp_mem_tracker_class(), gathered)
+            tracker_class = internals.with_category_peaks(internals.fsdp_mem_tracker_class(), gathered,
+                                                          _a_later_block_runs)
             self._tracker = tracker_class(model, optimizer)
         else:
-            self._tracker = internals.with_category_peaks(internals.mem_tracker_class(), gathered)()
+            self._tracker = internals.with_category_peaks(internals.mem_tracker_class(), gathered,
+                                                          _a_later_block_runs)()
             self._tracker.track_external(model, getattr(optimizer, "optim", optimizer))
         self.after_forward: dict[str, int] | None = None
         self.persistent: dict[str, int] | None = None
@@ -200,6 +208,8 @@ class MemoryTracker:
             "unsharded_params_peak_bytes": int(_unsharded_params(category_peaks, self.fsdp)),
             "unsharded_params_after_forward_bytes": int(_unsharded_params(self.after_forward or {}, self.fsdp)),
             "gathered_with_buffers_peak_bytes": int(self._tracker.__dict__.get("joint_peaks", {}).get(key, 0)),
+            "gathered_with_buffers_later_blocks_peak_bytes": int(
+                self._tracker.__dict__.get("window_joint_peaks", {}).get(key, 0)),
             "activations_after_forward_bytes": _normalise(self.after_forward or {})["activations"],
             "cuda_max_memory_allocated": (
                 int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda" else None

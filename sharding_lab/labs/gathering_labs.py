@@ -89,14 +89,19 @@ def check_reshard_after_forward(a: Resharding) -> Verdict:
             f"{key}: at most one block's full parameters unsharded at a time beside the root "
             f"(peak {_blocks_text(peak, root, block)} blocks)",
         )
+    # FSDP frees a unit's all-gather output only when the next unit's is waited on, so at most two
+    # consecutive units' outputs are alive at once: the root's and the first block's, or two blocks'.
+    # (The root's can outweigh many blocks: on `mini` its vocabulary makes it 10.6 blocks.)
+    two_units = max(root + block, 2 * block)
     for key in (RESHARD_ON, RESHARD_ON_PREFETCH):
         # Read on the rank that held least: every rank runs the same program, and gloo's thread can drop
         # the last reference to a finished all-gather's output late, adding it to one rank's figure.
         buffers = a.runs[key].all_gather_buffer_peak
         c.require(
-            min(buffers) <= 2 * block,
-            f"{key}: all-gather buffers hold at most two blocks' worth (peak {_blocks_text(buffers, 0, block)} "
-            f"blocks by rank, the least read)",
+            min(buffers) <= two_units,
+            f"{key}: all-gather buffers hold at most two consecutive units' outputs, {two_units:,} B (the "
+            f"root's and a block's, or two blocks'; peak {' / '.join(f'{b:,}' for b in buffers)} B by rank, "
+            f"the least read)",
         )
     c.require(
         all(b <= root for b in on.after_forward),
@@ -126,14 +131,18 @@ def report_reshard_after_forward(a: Resharding) -> Report:
     def blocks(values: list[int], base: int = root) -> str:
         return f"{(values[0] - base) / block:.0f}" if block else "?"
 
+    buffers = on.all_gather_buffer_peak[0]
+    which = {root + block: "the root's and the first block's", 2 * block: "two blocks'"}.get(buffers)
+    two_units = f", here {which}" if which and buffers == prefetch.all_gather_buffer_peak[0] else ""
     finding = (
         f"With reshard-after-forward, at most {blocks(on.unsharded_peak)} block's full parameters "
         f"({human_bytes(block)}) were unsharded at a time beside the root unit ({human_bytes(root)}), with or "
         f"without prefetching. Gathered bytes also pass through all-gather buffers, which peaked at "
-        f"{blocks(on.all_gather_buffer_peak, 0)} and {blocks(prefetch.all_gather_buffer_peak, 0)} "
-        f"blocks' worth without and with prefetching (in forward FSDP frees a unit's all-gather output only when "
-        f"the next unit's is waited on, so a copy-out can overlap the next all-gather; a prefetched block's "
-        f"bytes wait there until it starts). Without reshard-after-forward, "
+        f"{human_bytes(on.all_gather_buffer_peak[0])} and {human_bytes(prefetch.all_gather_buffer_peak[0])} "
+        f"without and with prefetching: two consecutive units' outputs at most{two_units} "
+        f"(in forward FSDP frees a unit's all-gather output only when the next unit's is waited on, so a copy-out "
+        f"can overlap the next all-gather; a prefetched block's bytes wait there until it starts). Without "
+        f"reshard-after-forward, "
         f"{blocks(off.after_forward)} of {a.n_blocks} blocks stay unsharded until backward "
         f"({human_bytes(off.after_forward[0])} when forward ends, against "
         f"{human_bytes(on.after_forward[0])}). Between steps each rank keeps only its "
