@@ -306,3 +306,20 @@ def test_the_whole_tensor_rule_is_what_the_mini_run_measured(measured):
     numels = dict(named_numels(zero1))
     assert [8 * sum(numels[name] for name in names) for names in owners] == zero1.part_bytes("optimizer")
     assert "wte.weight" in owners[0] and "lm_head.weight" in owners[1]
+
+
+@pytest_slow
+def test_reduce_scattering_each_backward_holds_one_units_unsharded_gradient_beside_the_shards(measured):
+    raw = as_json(lab_measurements(measured, "grad-accumulation-no-sync"))
+    rank0 = raw["zero3"]["memory"]["per_rank"][0]
+    gathered = {c["module"]: c["bytes"] for c in raw["zero3"]["comm"]["collectives"]
+                if c["op"] == "all_gather" and c["phase"] == "forward"}
+    # tiny's largest unit is a block (the root is lighter); its fp32 gradient is its parameters' bytes.
+    largest = max(gathered.values())
+    assert largest == gathered["blocks.0"] > gathered["root"]
+    assert rank0["category_peaks"]["grads"] == largest + rank0["grads_bytes"]  # measured, to the byte
+    rank0["category_peaks"]["grads"] += gathered["blocks.0"]  # a second unit's gradient kept as well
+    verdict = LABS["grad-accumulation-no-sync"].check(from_json(raw))
+    assert not verdict.holds
+    assert any(r.startswith("NOT between micro-batches") and f"the largest unit's {largest:,} B" in r
+               for r in verdict.reasons)

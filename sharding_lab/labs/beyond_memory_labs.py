@@ -559,6 +559,8 @@ class Accumulation:
     scattered_bytes: dict[str, int]
     grad_peak: dict[str, int]  # run key -> most gradient bytes alive at once (rank 0)
     full_grads: int  # 4Ψ: the unsharded gradients
+    largest_unit: int  # the largest FSDP unit's unsharded gradient bytes (fp32, as its parameters)
+    shard: int  # rank 0's gradient shard (rank 0's is never short of FSDP's padded size)
     micro_batches: int
 
 
@@ -574,6 +576,8 @@ def analyse_accumulation(ms: Measurements) -> Accumulation:
         },
         grad_peak={k: m.ranks[0].category_peaks.get("grads", 0) for k, m in runs.items()},
         full_grads=runs["zero3"].full_bytes("grads"),
+        largest_unit=max(runs["zero3"].root_and_block_bytes()),
+        shard=runs["zero3"].ranks[0].grads_bytes,
         micro_batches=runs[ACCUMULATED].config.grad_accum_steps,
     )
 
@@ -593,11 +597,14 @@ def check_accumulation(a: Accumulation) -> Verdict:
         a.gathers[ACCUMULATED] == k * a.gathers["zero3"],
         f"all-gathers still run for every micro-batch ({a.gathers[ACCUMULATED]} = {k} x {a.gathers['zero3']})",
     )
+    # Reduce-scattering in each backward, a unit's unsharded gradient lives only until its reduce-scatter:
+    # at most one unit's beside every shard. The root can be the largest unit (on `mini`, half the model).
+    one_unit = a.largest_unit + a.shard
     c.require(
-        a.grad_peak[ACCUMULATED] >= a.full_grads > a.grad_peak["zero3"],
+        a.grad_peak[ACCUMULATED] >= a.full_grads and a.grad_peak["zero3"] <= one_unit < a.grad_peak[ACCUMULATED],
         f"between micro-batches every rank holds unsharded gradients: {a.grad_peak[ACCUMULATED]:,} B at most, "
         f"at least the full 4Ψ = {a.full_grads:,} B, against {a.grad_peak['zero3']:,} B when each backward "
-        f"reduce-scatters",
+        f"reduce-scatters (at most the largest unit's {a.largest_unit:,} B beside the {a.shard:,} B shard)",
     )
     c.require(
         a.accumulated.model_states_bytes() == a.one.model_states_bytes(),
@@ -617,7 +624,8 @@ def report_accumulation(a: Accumulation) -> Report:
         f"the all-gathers still ran for every micro-batch ({a.gathers[ACCUMULATED]} against {a.gathers['zero3']}). The "
         f"cost is memory: to accumulate into, every unit kept its unsharded gradient, so the gradients peaked at "
         f"{human_bytes(a.grad_peak[ACCUMULATED])} (the full 4Ψ = {human_bytes(a.full_grads)} and more) against "
-        f"{human_bytes(a.grad_peak['zero3'])} when each backward reduce-scatters and frees them. Syncing every "
+        f"{human_bytes(a.grad_peak['zero3'])} when each backward reduce-scatters and frees them (one unit's "
+        f"unsharded gradient at most, beside the shards). Syncing every "
         f"micro-batch instead keeps only 1/N gradient shards and pays {k}x the reduce-scatter traffic."
     )
     rows = tuple(
