@@ -174,6 +174,8 @@ def test_rotation_ends_every_session_and_only_the_new_token_logs_in(app, runner)
     assert phone.get(f"/login?token={old}").status_code == 401
     assert phone.get(f"/login?token={new}").status_code == 303 and phone.get("/").status_code == 200
     assert f"token={new}" in runner.invoke(args=["token"]).output, "`token` prints the current URL"
+    assert f":{app.config['PORT']}/login?token={new}" in runner.invoke(args=["token"]).output
+    assert f":8123/login?token={new}" in runner.invoke(args=["token", "--port", "8123"]).output, "as `serve --port`"
 
 
 def test_a_session_from_another_install_is_not_logged_in(app, tmp_path, app_config):
