@@ -120,3 +120,11 @@ def test_run_refuses_a_size_this_host_cannot_hold_before_any_rank_starts(capsys)
     assert captured.out == ""
     assert captured.err.startswith("sharding-lab run: ddp on 2 CPU rank(s) of 70b")
     assert "needs at least 1.9 TiB of host memory" in captured.err and "engine failed" not in captured.err
+
+
+def test_run_passes_its_timeout_to_every_launch(capsys):
+    # 0.3 s cannot even start a rank (importing torch takes seconds): the engine says so, and names the flag.
+    assert cli.main(["run", "what-fsdp-shards", "--timeout", "0.3", "--json"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("sharding-lab run: the engine failed: rank 0 failed: did not start within 0.3 s")

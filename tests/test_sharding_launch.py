@@ -173,13 +173,27 @@ def test_a_hang_in_rank_1_ends_the_run_at_the_timeout_naming_rank_1(children_bef
 
 def test_a_timeout_before_any_rank_started_says_so_and_a_hang_names_the_laggard():
     # Start-up takes seconds (torch's import, the process group), and the timeout covers it.
-    rank, reason, _ = timed_out({0: (0, ""), 1: (0, "")}, [0, 1], 0.5)
+    rank, reason, _ = timed_out({0: (0, ""), 1: (0, "")}, [0, 1], 0.5, quiet_s=0.5)
     assert rank == 0 and reason.startswith("did not start within 0.5 s: no rank had yet imported torch")
     assert "timeout covers that start-up" in reason and "hung" not in reason
-    # One rank started and the other did not: a hang, naming the one that got least far.
-    rank, reason, _ = timed_out({0: (3, "step 1 forward"), 1: (0, "")}, [0, 1], 60)
-    assert rank == 1 and reason == ("hung: no result within 60 s. Progress: rank 0 at 'step 1 forward'; "
-                                    "rank 1 at '(not started)'.")
+    # One rank started and the other did not, and nothing moved for 50 s: a hang, naming the one that
+    # got least far.
+    rank, reason, _ = timed_out({0: (3, "step 1 forward"), 1: (0, "")}, [0, 1], 60, quiet_s=50)
+    assert rank == 1 and reason == ("hung: no progress for 50 s and no result within 60 s. Progress: rank 0 at "
+                                    "'step 1 forward'; rank 1 at '(not started)'.")
+
+
+def test_a_run_still_recording_progress_when_time_runs_out_is_called_slow_not_hung():
+    # gpt2-small's labs on 2 CPU cores: both ranks in a backward 7 s after their last mark, at 600 s.
+    progress = {0: (40, "zero1 (6/13): step 1 backward"), 1: (40, "zero1 (6/13): step 1 backward")}
+    rank, reason, details = timed_out(progress, [0, 1], 600, quiet_s=7)
+    assert rank == 0 and not reason.startswith("hung") and details == "Python stack when the time ran out"
+    assert reason.startswith("still running when the 600 s timeout ran out: a rank recorded progress 7 s before, "
+                             "so the run is slow, not hung; allow it more time (--timeout)")
+    # A quiet spell of at least a minute, or of a quarter of the timeout, is a hang.
+    assert timed_out(progress, [0, 1], 600, quiet_s=60)[1].startswith("hung: no progress for 60 s")
+    assert timed_out(progress, [0, 1], 20, quiet_s=5)[1].startswith("hung: no progress for 5 s")
+    assert timed_out(progress, [0, 1], 20, quiet_s=4)[1].startswith("still running")
 
 
 def test_a_rank_killed_by_a_signal_is_named(children_before_the_test):

@@ -43,6 +43,9 @@ from typing import Any
 from sharding_lab.run_config import Placement
 
 _LABEL_WIDTH = 96  # bytes of shared memory per rank for its last progress label
+# A run out of time whose ranks recorded progress this recently (or within a quarter of the timeout)
+# is called slow, not hung: marks come at each step's forward, backward and optimizer.
+SLOW_NOT_HUNG_S = 60.0
 
 
 class RankFailed(RuntimeError):
@@ -309,9 +312,12 @@ def _collect(processes, results, counts, labels, stack_dir: Path, timeout_s: flo
     done: dict[int, Any] = {}
     deadline = time.monotonic() + timeout_s
     shown = ""
+    marks, last_mark_at = sum(counts), time.monotonic()  # when any rank last recorded progress
     while len(done) < world_size:
         if on_progress and (label := _label(labels, 0)) != shown:
             on_progress(shown := label)
+        if (now_marks := sum(counts)) != marks:
+            marks, last_mark_at = now_marks, time.monotonic()
         try:
             rank, status, payload = results.get(timeout=0.2)
         except queue.Empty:
@@ -327,7 +333,7 @@ def _collect(processes, results, counts, labels, stack_dir: Path, timeout_s: flo
             if errors or _died_silently(processes, done, errors):
                 raise _root_cause(processes, done, errors)
         if time.monotonic() > deadline:
-            _raise_hung(processes, done, counts, labels, stack_dir, timeout_s)
+            _raise_hung(processes, done, counts, labels, stack_dir, timeout_s, time.monotonic() - last_mark_at)
     return [done[rank] for rank in range(world_size)]
 
 
@@ -390,10 +396,10 @@ def _label(labels, rank: int) -> str:
     return raw.rstrip(b"\0").decode(errors="replace")
 
 
-def _raise_hung(processes, done, counts, labels, stack_dir: Path, timeout_s: float) -> None:
+def _raise_hung(processes, done, counts, labels, stack_dir: Path, timeout_s: float, quiet_s: float) -> None:
     unfinished = [rank for rank in range(len(processes)) if rank not in done]
     progress = {rank: (counts[rank], _label(labels, rank)) for rank in range(len(processes))}
-    culprit, reason, details_name = timed_out(progress, unfinished, timeout_s)
+    culprit, reason, details_name = timed_out(progress, unfinished, timeout_s, quiet_s)
     for rank in unfinished:
         if processes[rank].is_alive():
             os.kill(processes[rank].pid, signal.SIGUSR1)  # faulthandler dumps its Python stack
@@ -403,21 +409,27 @@ def _raise_hung(processes, done, counts, labels, stack_dir: Path, timeout_s: flo
     raise RankFailed(culprit, reason, stack, details_name)
 
 
-def timed_out(progress: dict[int, tuple[int, str]], unfinished: list[int], timeout_s: float) -> tuple[int, str, str]:
+def timed_out(progress: dict[int, tuple[int, str]], unfinished: list[int], timeout_s: float,
+              quiet_s: float) -> tuple[int, str, str]:
     """(the rank to name, the reason, what its stack shows) for a run out of time, from each rank's
-    (progress marks, last label)."""
+    (progress marks, last label) and the seconds since any rank last recorded progress."""
     # The rank that got least far is the one the others are waiting for.
     least = min(progress[rank][0] for rank in unfinished)
     laggards = [rank for rank in unfinished if progress[rank][0] == least]
     if not any(marks for marks, _ in progress.values()):
         # Not a hang in the run: the timeout, which covers start-up, ended before any rank was ready.
         return (laggards[0], f"did not start within {timeout_s:g} s: no rank had yet imported torch and joined the "
-                "process group, which takes seconds; the timeout covers that start-up, so allow more",
+                "process group, which takes seconds; the timeout covers that start-up, so allow more (--timeout)",
                 "Python stack when the time ran out")
     where = "; ".join(f"rank {r} at {progress[r][1] or '(not started)'!r}" for r in unfinished)
     who = "" if len(laggards) == 1 else f" (ranks {laggards} equally far; naming the first)"
-    return (laggards[0], f"hung: no result within {timeout_s:g} s{who}. Progress: {where}.",
-            "Python stack when it was found hung")
+    if quiet_s < min(SLOW_NOT_HUNG_S, timeout_s / 4):
+        # Still recording progress when the time ran out: a large model on slow devices, not a hang.
+        return (laggards[0], f"still running when the {timeout_s:g} s timeout ran out: a rank recorded progress "
+                f"{quiet_s:.0f} s before, so the run is slow, not hung; allow it more time (--timeout){who}. "
+                f"Progress: {where}.", "Python stack when the time ran out")
+    return (laggards[0], f"hung: no progress for {quiet_s:.0f} s and no result within {timeout_s:g} s{who}. "
+            f"Progress: {where}.", "Python stack when it was found hung")
 
 
 def _stop_all(processes) -> None:

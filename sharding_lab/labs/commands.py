@@ -54,6 +54,9 @@ def register(subparsers) -> None:
         help="cpu (gloo, default) or cuda (NCCL, one GPU per rank; with fewer GPUs than ranks, the ranks "
         "share cuda:0 over gloo)",
     )
+    run_parser.add_argument("--timeout", type=positive_float, default=600.0,
+                            help="seconds for each launch, start-up included, before it is ended (default 600; "
+                            "a large --size on CPU ranks needs more)")
     run_parser.add_argument("--json", action="store_true", help="print one JSON object")
     run_parser.add_argument(
         "--export",
@@ -152,7 +155,7 @@ def run_run(args: argparse.Namespace) -> int:
 
     started, timings = time.perf_counter(), {}
     try:
-        runs = _run_with_progress(lab_ids, args.world_size, args.size, args.device, timings)
+        runs = _run_with_progress(lab_ids, args.world_size, args.size, args.device, timings, args.timeout)
     except ValueError as error:  # refused before any rank started, e.g. too little host memory
         print(f"sharding-lab run: {error}", file=sys.stderr)
         return 2
@@ -177,11 +180,12 @@ def run_serve_labs(args: argparse.Namespace) -> int:
     return lab_server.main(idle_timeout_s=args.idle_timeout, timeout_s=args.timeout)
 
 
-def _run_with_progress(lab_ids: list[str], world_size: int, size: str, device: str, timings: dict) -> list[dict]:
+def _run_with_progress(lab_ids: list[str], world_size: int, size: str, device: str, timings: dict,
+                       timeout_s: float) -> list[dict]:
     from sharding_lab.engine.run_labs import run_labs  # torch, only when something runs
 
     if not sys.stderr.isatty():
-        return run_labs(lab_ids, world_size, size=size, device=device, timings=timings)
+        return run_labs(lab_ids, world_size, size=size, device=device, timings=timings, timeout_s=timeout_s)
     from rich.console import Console
 
     console = Console(stderr=True, log_path=False)
@@ -196,7 +200,7 @@ def _run_with_progress(lab_ids: list[str], world_size: int, size: str, device: s
 
         return run_labs(
             lab_ids, world_size, size=size, device=device, on_progress=on_progress, on_status=on_status,
-            timings=timings,
+            timings=timings, timeout_s=timeout_s,
         )
 
 
