@@ -239,7 +239,10 @@ _PREFETCH_LABEL = "filing an explicit backward prefetch's all-gather buffer as o
 
 
 def _labelling_backward_prefetch(tracker_class: type) -> type:
-    """A subclass of FSDPMemTracker that files every all-gather output in backward as an all-gather buffer."""
+    """A subclass of FSDPMemTracker that files every all-gather output in backward as an all-gather buffer
+    (another tracker, DDP's MemTracker, is only kept clear of DTensor's scratch)."""
+    if not issubclass(tracker_class, fsdp_mem_tracker_class()):
+        return _ignoring_propagation_scratch(tracker_class)
     module = "torch.distributed._tools.fsdp2_mem_tracker"
     states = _load(module, "_FSDPState", _PREFETCH_LABEL)
     all_gather = _attribute(torch.ops.c10d, "_allgather_base_", _PREFETCH_LABEL).default
