@@ -378,14 +378,11 @@ class Measurement:
         """The most bytes of gathered (full) parameters held at once during the step, per rank."""
         return [rank.unsharded_params_peak_bytes for rank in self.ranks]
 
-    def gathered_with_buffers_peak(self) -> list[int]:
-        """The most bytes of gathered parameters and all-gather output buffers held at once, per rank: a
-        prefetched block's parameters wait in their buffer while the current block's are in use."""
-        return [rank.gathered_with_buffers_peak_bytes for rank in self.ranks]
-
     def gathered_with_buffers_later_blocks_peak(self) -> list[int]:
-        """The same while a block after the first runs, per rank: what the blocks hold, without the moment
-        the root's all-gather (on a large vocabulary, many blocks' worth) is waited on."""
+        """The most bytes of gathered parameters and all-gather output buffers held at once while a block
+        after the first runs, per rank: a prefetched block's parameters wait in their buffer while the
+        current block's are in use; the moment the root's all-gather (on a large vocabulary, many blocks'
+        worth) is waited on is left out."""
         return [rank.gathered_with_buffers_later_blocks_peak_bytes for rank in self.ranks]
 
     def all_gather_buffer_peak(self) -> list[int]:

@@ -158,10 +158,11 @@ class PrefetchOrder:
     block: int  # one block's full parameter bytes
     # The most gathered parameters and all-gather buffers held at once while a block after the first
     # runs (the root's own all-gather, waited on as the first block starts, can outweigh many blocks and
-    # would hide the blocks' figure), with prefetching and without, on the rank that held least. Every rank runs the same program; a rank's figure can only grow when
-    # gloo's thread happens to drop the last reference to a finished all-gather's buffer late (seen
-    # once in CI on rank 0: 13,696 B apart instead of a block, as if the root's buffer were still
-    # counted), so the least over ranks is what the program itself holds.
+    # would hide the blocks' figure), with prefetching and without, on the rank that held least. Every
+    # rank runs the same program; a rank's figure can only grow when gloo's thread happens to drop the
+    # last reference to a finished all-gather's buffer late (seen once in CI on rank 0: 13,696 B apart
+    # instead of a block, as if the root's buffer were still counted), so the least over ranks is what
+    # the program itself holds.
     gathered_on: int
     gathered_off: int
     peak_on: int  # rank 0's whole peak, with and without: shown, not checked (temporaries move it)
