@@ -75,7 +75,7 @@ def test_the_lab_page_shows_claim_command_and_the_questions_it_backs(client):
     assert 'href="/questions/alpha-gather"' in page
     assert "fsdp-all-gather-before-layer" in page  # backed in the catalogue, not in this test bank
     # Ranks and device, each choice labelled; CPU ranks always (CUDA once a lab process finds a GPU).
-    assert '<label>Ranks <select name="world_size">' in page and '<label>Device <select name="device">' in page
+    assert '<label>Ranks <select name="world_size">' in page and '<label>Device <select name="device" id="device-choice">' in page
     assert '<option value="cpu">CPU ranks (gloo)</option>' in page
     assert client.get("/labs/not-a-lab").status_code == 404
     assert "What FSDP shards that DDP replicates" in text(client.get("/labs"))

@@ -1,9 +1,11 @@
-"""From a card to its lab's measured finding in a real Chromium: the real lab, in its own process."""
+"""From a card to its lab's measured finding in a real Chromium: the real lab, in its own process; and the
+device choice filled in once the lab process has answered."""
 
 from __future__ import annotations
 
 import pytest
 from playwright.sync_api import Page, expect
+from test_lab_runs import devices_command
 
 from studyapp.lab_runs import start_worker
 
@@ -40,3 +42,26 @@ def test_run_a_cards_lab_and_see_the_finding_without_a_reload(page: Page, live_s
     # Back on the card, its lab box now carries the measured finding.
     page.goto(live_server + "/questions/beta-adam")
     expect(page.locator("section.lab .lab-measured")).to_contain_text("Measured: the claim held.")
+
+
+def test_the_device_choice_appears_once_the_lab_process_answers_without_a_reload(page: Page, live_server: str, app,
+                                                                                  tmp_path):
+    gate = tmp_path / "answer-now"  # the fake detection answers (one GPU) once this file exists
+    app.config["LAB_DEVICES_COMMAND"] = devices_command(gpus=1, gate=str(gate))
+    page.goto(live_server + "/labs/adam-optimizer-state")
+    expect(page.locator("#lab-devices")).to_contain_text("Looking for GPUs in a lab process")
+    choice = page.locator("#device-choice")
+    expect(choice.locator("option")).to_have_count(1)
+    page.select_option("select[name=world_size]", "4")
+    page.evaluate("window.sameDocument = true")  # gone if anything reloads the page
+
+    gate.touch()
+    expect(choice.locator("option")).to_have_count(2, timeout=20_000)
+    expect(choice.locator("option").nth(1)).to_have_text("CUDA: 1 GPU (Fake GPU)")
+    expect(page.locator("#lab-devices")).to_contain_text("On CUDA (torch 9.9.0+fake, CUDA 13.0):")
+    expect(page.locator("#lab-devices li").nth(1)).to_have_text(
+        "4 ranks on cuda: this machine has 1 GPU (Fake GPU): 4 real ranks share cuda:0 over gloo")
+    assert page.evaluate("window.sameDocument") is True
+    assert choice.input_value() == "cpu" and page.locator("select[name=world_size]").input_value() == "4"
+    choice.select_option("cuda")  # now a real choice
+    assert choice.input_value() == "cuda"

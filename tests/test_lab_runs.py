@@ -473,9 +473,17 @@ def test_cuda_is_offered_once_a_lab_process_has_found_a_gpu_and_refused_while_it
     assert refused.get_json()["error"] == ("device cuda asked while a lab process is still looking for GPUs on this "
                                            "machine (detection is under way); try again in a few seconds, or use cpu.")
     assert post_run(client, csrf_token, world_size=2, device="cpu").status_code == 202  # cpu needs no detection
+    looking = client.get("/labs/devices").get_json()  # what the page's JS polls meanwhile
+    assert looking["pending"] is True and looking["options"] == '<option value="cpu">CPU ranks (gloo)</option>'
+    assert "Looking for GPUs in a lab process…" in looking["notes"]
 
     gate.touch()
     assert devices.probe(app).wait(20).devices.cuda_gpus == 1
+    found = client.get("/labs/devices").get_json()
+    assert found["pending"] is False
+    assert found["options"] == ('<option value="cpu">CPU ranks (gloo)</option>'
+                                '<option value="cuda">CUDA: 1 GPU (Fake GPU)</option>')
+    assert "<li>4 ranks on cuda: this machine has 1 GPU (Fake GPU): 4 real ranks share cuda:0 over gloo</li>" in found["notes"]
     page = client.get(f"/labs/{LAB}").get_data(as_text=True)
     assert "Looking for GPUs" not in page
     assert '<option value="cuda">CUDA: 1 GPU (Fake GPU)</option>' in page

@@ -69,4 +69,33 @@
   });
 
   if (form.dataset.activeRun) follow(form.dataset.activeRun);  // a run already under way: follow it
+
+  // While the lab process is still being asked for GPUs, ask the server again each second and swap in
+  // the device choice and its notes once it has answered (the choice made meanwhile is kept). The
+  // detection itself gives up after 60 s, so the polling stops soon after.
+  const deviceNotes = document.getElementById("lab-devices");
+  const deviceChoice = document.getElementById("device-choice");
+  const DEVICE_POLLS = 90;
+
+  async function awaitDevices(url) {
+    for (let poll = 0; poll < DEVICE_POLLS; poll++) {
+      await new Promise(function (resolve) { setTimeout(resolve, POLL_MS); });
+      let answer;
+      try {
+        const response = await fetch(url, { headers: { Accept: "application/json" } });
+        if (!response.ok) return;  // the page's text already says to reload
+        answer = await response.json();
+      } catch (error) {
+        return;
+      }
+      if (answer.pending) continue;
+      const chosen = deviceChoice.value;
+      deviceChoice.innerHTML = answer.options;  // rendered and escaped by the server
+      if (Array.from(deviceChoice.options).some(function (option) { return option.value === chosen; })) deviceChoice.value = chosen;
+      deviceNotes.innerHTML = answer.notes;
+      return;
+    }
+  }
+
+  if (deviceNotes && deviceChoice && deviceNotes.dataset.devicesUrl) awaitDevices(deviceNotes.dataset.devicesUrl);
 })();

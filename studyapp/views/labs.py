@@ -4,6 +4,9 @@ and the JSON API that runs it (through studyapp.lab_runs, never in this process)
     GET  /labs                          labs.index
     GET  /labs/<lab_id>                 labs.lab_page       claim, questions, "Run this lab", results
     GET  /labs/<lab_id>/results         labs.results        the results part alone (the page's JS swaps it in)
+    GET  /labs/devices                  labs.devices        {"pending": ..., "options": HTML, "notes": HTML}: the
+                                                            device choice as the lab process answered (the page's
+                                                            JS polls it while that answer is pending)
     POST /labs/<lab_id>/runs            labs.start_run      world_size and device (cpu, or cuda when the lab
                                                             process sees a GPU): 202 {"run_id": ...}; a form post
                                                             redirects back (429 past the per-session limit, when
@@ -70,8 +73,6 @@ def lab_page(lab_id: str):
     cards = get_session().exec(select(Card).where(Card.lab == lab_id, Card.retired.is_(False)).order_by(Card.position)).all()
     synced = {card.question_id for card in cards}
     active = next(iter(active_runs(get_session(), lab_id)), None)
-    found = detection() if lab_id in LABS else None  # asked of a lab process, never of this one
-    on_gpu = found is not None and found.devices is not None and "cuda" in found.devices.devices
     return render_template(
         "labs/lab.html",
         lab=lab,
@@ -79,11 +80,27 @@ def lab_page(lab_id: str):
         unsynced=[qid for qid in lab.questions if qid not in synced],
         runnable=lab_id in LABS,
         world_sizes=world_sizes(),
-        detection=found,
-        cuda_notes=[found.devices.placement_note("cuda", size) for size in world_sizes()] if on_gpu else [],
         active=active,
+        **(_device_choice() if lab_id in LABS else {"detection": None, "cuda_notes": []}),
         **_results(lab_id),
     )
+
+
+def _device_choice() -> dict[str, Any]:
+    """What labs/_device_options.html and _device_notes.html show: the detection so far (asked of a lab
+    process, never of this one) and, where it found a GPU, where each world size's ranks would run."""
+    found = detection()
+    on_gpu = found.devices is not None and "cuda" in found.devices.devices
+    return {"detection": found,
+            "cuda_notes": [found.devices.placement_note("cuda", size) for size in world_sizes()] if on_gpu else []}
+
+
+@bp.get("/devices")
+def devices():
+    choice = _device_choice()
+    return jsonify(pending=choice["detection"].pending,
+                   options=render_template("labs/_device_options.html", **choice),
+                   notes=render_template("labs/_device_notes.html", **choice))
 
 
 @bp.get("/<lab_id>/results")
