@@ -29,6 +29,7 @@ from sharding_lab.planner import (
     PeakMemory,
     Plan,
     PlanRequest,
+    filing_difference,
     plan_analytic,
     plan_json,
 )
@@ -199,6 +200,7 @@ def _report_json(results) -> dict:
         if simulated is not None:
             entry["simulation"] = plan_json(simulated)
             entry["analytic_error_vs_simulation"] = analytic.peak.total / simulated.peak.total - 1
+            entry["categories_vs_simulation"] = _filing(analytic, simulated)
         elif unavailable is not None:
             entry["simulation"] = {"unavailable": unavailable}
         strategies[str(analytic.request.strategy)] = entry
@@ -268,6 +270,8 @@ def _render_strategy(console, Table, analytic: Plan, simulated: Plan | None, una
     if simulated:
         error = analytic.peak.total / simulated.peak.total - 1
         console.print(f"  analytic vs simulated peak: {error:+.2%}; {simulated.notes[0]}")
+        filing = _filing(analytic, simulated)
+        console.print(f"  {filing}." if filing else "  analytic and simulated agree category by category.")
     comm = Table(title=f"{request.strategy}: communication per optimizer step, per GPU")
     for column in ("collective", "phase", "on", "dtype", "calls", "logical", "wire (derived)"):
         comm.add_column(column, justify="left" if column in ("collective", "phase", "on", "dtype") else "right")
@@ -282,6 +286,13 @@ def _render_strategy(console, Table, analytic: Plan, simulated: Plan | None, una
     if deepspeed:
         console.print(f"  [dim]DeepSpeed's formula ({deepspeed.options}) counts {deepspeed.counts}; "
                       f"{deepspeed.source}.[/dim]")
+
+
+def _filing(analytic: Plan, simulated: Plan) -> str | None:
+    def by_category(plan: Plan) -> dict[str, int]:
+        return {str(c): f.bytes for c, f in plan.peak.categories}
+
+    return filing_difference(by_category(analytic), by_category(simulated))
 
 
 def register(subparsers, *, simulate: Simulator | None = None) -> None:

@@ -298,6 +298,9 @@ def test_simulate_queues_a_job_the_worker_runs_and_the_page_shows_it_beside_the_
     assert cell_bytes(text, "simulated-zero3-total") == 1018
     assert re.search(r'id="simulated-zero3-fits">yes<', text)
     assert "zero3 sim" in text  # its bar in the chart
+    # The fake's categories are nothing like the analytic model's: each difference is named, none hidden.
+    assert re.search(r'id="filing-zero3">zero3: the categories differ, analytic against simulated: parameters [\d.]+ MiB '
+                     r'more, gradients', text)
     assert "everything: it is a fake" in text  # what the simulation leaves out
     assert "Simulate again (exact, FSDP2)" in text
     # Simulations are not lab findings: nothing reaches the labs' pages or the Anki export.
@@ -378,4 +381,6 @@ def test_a_real_simulation_by_the_worker_matches_the_cli(app_config, tmp_path, c
     assert cell_bytes(text, "simulated-zero3-total") == expected["total_bytes"]
     for category in Category:
         assert cell_bytes(text, f"simulated-zero3-{category}") == expected["categories"][str(category)]["bytes"]
+    filing = json.loads(cli.stdout)["strategies"]["zero3"]["categories_vs_simulation"]
+    assert f'id="filing-zero3">zero3: {filing or "analytic and simulated agree category by category"}.<' in html.unescape(text)
     assert Strategy.ZERO2 in run.result["simulations"]  # every strategy it can simulate, in one job

@@ -20,6 +20,7 @@ from sharding_lab.planner import (
     ModelShape,
     PlanRequest,
     analytic_peak,
+    filing_difference,
     largest_micro_batch,
     plan_analytic,
     step_shape,
@@ -310,3 +311,19 @@ def test_a_tied_head_with_accumulation_under_bf16_is_within_the_bound():
                           seq=128, grad_accum_steps=2, mixed_precision=True)
     simulated = simulate(run_config_for(request)).peak_bytes
     assert abs(analytic_peak(request).total / simulated - 1) <= ANALYTIC_BOUND
+
+
+def test_filing_difference_names_moved_gradients_and_lists_anything_else():
+    same = {"parameters": 10, "gradients": 0, "temporaries": 5, "activations": 7}
+    assert filing_difference(same, dict(same)) is None
+    moved = {**same, "gradients": 3 * 1024 * 1024, "temporaries": 5}
+    filed_as_temporaries = {**same, "gradients": 0, "temporaries": 5 + 3 * 1024 * 1024}
+    assert filing_difference(moved, filed_as_temporaries).startswith(
+        "the categories differ only in filing: 3.0 MiB of unsharded gradients, which the analytic model counts")
+    # Gradients the simulation holds and the analytic model does not are not a filing difference.
+    assert filing_difference(filed_as_temporaries, moved) == (
+        "the categories differ, analytic against simulated: gradients 3.0 MiB less, temporaries 3.0 MiB more")
+    # Nor is a move that comes with any other difference.
+    assert filing_difference({**moved, "activations": 8}, filed_as_temporaries) == (
+        "the categories differ, analytic against simulated: gradients 3.0 MiB more, activations 1 B more, "
+        "temporaries 3.0 MiB less")

@@ -169,3 +169,33 @@ def test_an_explicit_backward_prefetch_is_filed_as_an_all_gather_buffer(world_si
     assert result.peak_breakdown["all_gather_buffers"] == block
     # Beside it, the loss's backward: two logits-sized fp32 tensors, batch 2 x seq 64 x vocab 4096.
     assert result.peak_breakdown["temporaries"] == 2 * (2 * 64 * 4096 * 4)
+
+
+def test_inside_a_blocks_backward_the_two_methods_file_unsharded_gradients_apart():
+    """Where the peak falls inside a block's backward, torch's tracker files the unsharded gradients
+    computed so far as temporaries (it labels them only at their unit's post-backward); the analytic model
+    files them as gradients. The totals agree; the bytes moved are exactly those gradients."""
+    from sharding_lab.engine.simulate import simulate
+    from sharding_lab.plan_command import plan_from_simulation, request_for_config
+    from sharding_lab.planner import analytic_peak, filing_difference
+
+    width, vocab = 256, 512
+    config = RunConfig.of("zero3", world_size=4, size="tiny", batch_size=2, seq_len=128,
+                          model_overrides={"n_layer": 4, "n_embd": width, "n_head": 4, "vocab_size": vocab,
+                                           "block_size": 128})
+    request = request_for_config(config)
+    analytic = analytic_peak(request)
+    assert analytic.moment == "block 3 backward (mlp.c_proj's weight gradient)"
+    simulated = plan_from_simulation(request, simulate(config)).peak
+    assert analytic.total == simulated.total
+    # Alive by then, not yet reduce-scattered: the root's head weight and final LayerNorm (the root's
+    # post-backward comes last), and the last block's mlp.c_proj weight being computed and its bias.
+    gradients = 4 * (vocab * width + 2 * width + 4 * width * width + width)
+    assert gradients == 1_575_936
+    assert analytic["gradients"].bytes - simulated["gradients"].bytes == gradients
+    assert simulated["temporaries"].bytes - analytic["temporaries"].bytes == gradients
+    by_category = [{str(c): f.bytes for c, f in peak.categories} for peak in (analytic, simulated)]
+    assert filing_difference(*by_category) == (
+        "the categories differ only in filing: 1.5 MiB of unsharded gradients, which the analytic model counts "
+        "as gradients from the moment they are computed and FSDPMemTracker as temporaries until their unit's "
+        "post-backward hands them to its reduce-scatter")

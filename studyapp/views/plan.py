@@ -30,6 +30,7 @@ from sharding_lab.planner import (
     ModelShape,
     Plan,
     PlanRequest,
+    filing_difference,
     plan_analytic,
     with_strategy,
 )
@@ -327,6 +328,11 @@ def answer(inputs: Inputs) -> dict[str, Any]:
         if "peak" in simulated:
             bars.append(ChartBar(f"{name} sim", {k: v["bytes"] for k, v in simulated["peak"]["categories"].items()},
                                  "simulated"))
+    analytic_by_name = {str(c.strategy): {str(k): f.bytes for k, f in c.plan.peak.categories} for c in columns if c.plan}
+    simulation["filing"] = {  # where the two methods file bytes differently, said once per strategy
+        name: filing_difference(analytic_by_name[name], {k: v["bytes"] for k, v in simulated["peak"]["categories"].items()})
+        for name, simulated in simulation["simulated"].items() if "peak" in simulated and name in analytic_by_name
+    }
     methods = "analytic and simulated" if any(bar.method == "simulated" for bar in bars) else "analytic"
     title = f"Per-GPU peak memory by strategy ({methods}) against {request.gpu_memory_gb:g} GB per GPU"
     chosen = next(c for c in columns if c.strategy is request.strategy)
