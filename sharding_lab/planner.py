@@ -397,6 +397,12 @@ def with_strategy(request: PlanRequest, strategy: Strategy) -> PlanRequest:
     return replace(request, strategy=strategy)
 
 
+# How torch's FSDPMemTracker (the simulation's and `measure`'s tracker) files a unit's unsharded gradients:
+# it labels them only at the unit's post-backward, so until then they count as temporaries.
+TRACKER_GRADIENT_FILING = ("FSDPMemTracker as temporaries until their unit's post-backward hands them to its "
+                           "reduce-scatter")
+
+
 def filing_difference(analytic: Mapping[str, int], simulated: Mapping[str, int]) -> str | None:
     """How the two methods' peaks differ by category ({category name: bytes} each), in one sentence; None
     when they agree category by category.
@@ -412,8 +418,7 @@ def filing_difference(analytic: Mapping[str, int], simulated: Mapping[str, int])
         return None
     if moved > 0 and diff[str(Category.TEMPORARIES)] == -moved and sum(map(abs, diff.values())) == 2 * moved:
         return (f"the categories differ only in filing: {human_bytes(moved)} of unsharded gradients, which "
-                "the analytic model counts as gradients from the moment they are computed and FSDPMemTracker "
-                "as temporaries until their unit's post-backward hands them to its reduce-scatter")
+                f"the analytic model counts as gradients from the moment they are computed and {TRACKER_GRADIENT_FILING}")
     named = ", ".join(f"{c.replace('_', ' ')} {human_bytes(abs(d))} {'more' if d > 0 else 'less'}"
                       for c, d in diff.items() if d)
     return f"the categories differ, analytic against simulated: {named}"

@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sharding_lab.measurement import NO_NCCL_OVERLAP, Measurement, RankMemory
+from sharding_lab.planner import TRACKER_GRADIENT_FILING
 from sharding_lab.strategies import OPS, PHASES
 from sharding_lab.units import human_bytes
 
@@ -115,6 +116,8 @@ def render_measurement(m: Measurement, console: Console | None = None) -> None:
         if any(values):
             categories.add_row(name, *(human_bytes(v) for v in values))
     console.print(categories)
+    if m.config.strategy.fully_sharded:
+        console.print(f"  [dim]Unsharded gradients: counted by {TRACKER_GRADIENT_FILING}.[/dim]")
 
     comm = Table(title="Collectives in one step (rank 0); wire bytes derived from ring formulas over each "
                  "collective's group")

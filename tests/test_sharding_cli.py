@@ -160,7 +160,10 @@ def test_measure_takes_the_micro_batch_and_sequence_and_its_title_says_them(caps
 
     console = Console(record=True, width=400)
     render_measurement(Measurement.from_json(m), console)
-    assert "tiny: 60,096 params, 4 blocks, micro-batch 3 x seq 16;" in console.export_text()
+    text = console.export_text()
+    assert "tiny: 60,096 params, 4 blocks, micro-batch 3 x seq 16;" in text
+    assert ("Unsharded gradients: counted by FSDPMemTracker as temporaries until their unit's post-backward hands "
+            "them to its reduce-scatter.") in text  # how the tracker files them, under its categories
 
 
 @pytest.mark.slow
@@ -170,6 +173,13 @@ def test_compare_json_holds_every_strategy_from_one_launch(capsys):
     assert list(result["strategies"]) == ["ddp", "zero1", "zero2", "zero3"]
     optimizer = {s: m["memory"]["per_rank"][0]["optimizer_bytes"] for s, m in result["strategies"].items()}
     assert optimizer["ddp"] == 2 * optimizer["zero3"]  # Adam's state halves on two ranks
+    from sharding_lab.measurement import Measurement
+    from sharding_lab.report import render_measurement
+
+    console = Console(record=True, width=400)
+    render_measurement(Measurement.from_json(result["strategies"]["ddp"]), console)
+    assert "Peak memory by category" in console.export_text()
+    assert "Unsharded gradients" not in console.export_text()  # DDP's tracker has no such filing
 
 
 @pytest.mark.slow
