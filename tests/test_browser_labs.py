@@ -65,3 +65,17 @@ def test_the_device_choice_appears_once_the_lab_process_answers_without_a_reload
     assert choice.input_value() == "cpu" and page.locator("select[name=world_size]").input_value() == "4"
     choice.select_option("cuda")  # now a real choice
     assert choice.input_value() == "cuda"
+
+
+def test_a_device_detection_the_page_cannot_follow_says_so_and_keeps_cpu(page: Page, live_server: str, app, tmp_path):
+    gate = tmp_path / "answer-now"
+    app.config["LAB_DEVICES_COMMAND"] = devices_command(gpus=1, gate=str(gate))  # still looking
+    page.route("**/labs/devices", lambda route: route.fulfill(status=500, body="broken"))
+    try:
+        page.goto(live_server + "/labs/adam-optimizer-state")
+        expect(page.locator("#lab-devices")).to_have_text(
+            "Could not learn whether CUDA can be chosen (HTTP 500); reload to ask again. Labs run on CPU ranks meanwhile.")
+        expect(page.locator("#device-choice option")).to_have_count(1)
+        expect(page.get_by_role("button", name="Run this lab")).to_be_enabled()
+    finally:
+        gate.touch()  # the fake detection answers and ends, rather than wait out its 60 s

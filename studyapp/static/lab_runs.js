@@ -77,15 +77,24 @@
   const deviceChoice = document.getElementById("device-choice");
   const DEVICE_POLLS = 90;
 
+  function devicesUnknown(why) {
+    deviceNotes.textContent = "";
+    const note = document.createElement("p");
+    note.className = "muted";
+    note.textContent = "Could not learn whether CUDA can be chosen (" + why + "); reload to ask again. Labs run on CPU ranks meanwhile.";
+    deviceNotes.appendChild(note);
+  }
+
   async function awaitDevices(url) {
     for (let poll = 0; poll < DEVICE_POLLS; poll++) {
       await new Promise(function (resolve) { setTimeout(resolve, POLL_MS); });
       let answer;
       try {
         const response = await fetch(url, { headers: { Accept: "application/json" } });
-        if (!response.ok) return;  // the page's text already says to reload
+        if (!response.ok) { devicesUnknown("HTTP " + response.status); return; }
         answer = await response.json();
       } catch (error) {
+        devicesUnknown("lost contact with the server: " + error.message);
         return;
       }
       if (answer.pending) continue;
@@ -95,6 +104,7 @@
       deviceNotes.innerHTML = answer.notes;
       return;
     }
+    devicesUnknown("no answer after about " + DEVICE_POLLS + " s");
   }
 
   if (deviceNotes && deviceChoice && deviceNotes.dataset.devicesUrl) awaitDevices(deviceNotes.dataset.devicesUrl);
