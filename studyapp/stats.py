@@ -310,6 +310,8 @@ class Topic:
     lapsed_cards: int = 0  # cards with at least one lapse in the window
     cards_reviewed_in_window: int = 0
     labs: dict[str, tuple[int, int]] = field(default_factory=dict)  # lab id -> (lapsed cards, cards)
+    decks: set[str] = field(default_factory=set)  # the decks its cards are in
+    twin_tags: list[str] = field(default_factory=list)  # a deck's: tags on exactly its cards (merge_deck_twins)
 
     @property
     def retention(self) -> float | None:
@@ -390,6 +392,7 @@ def fold_topics(cards: Iterable[tuple], reviews: Iterable[tuple]) -> list[Topic]
             topic.reviewed_cards += int(reviewed or 0)
             topic.easiness_sum += float(easiness or 0)
             topic.due += int(due or 0)
+            topic.decks.add(deck)
             lab_counts[(topic.kind, topic.name)][lab][1] += int(count)
     for deck, lab, tags_text, count, passed, lapsed_cards, cards_reviewed in reviews:
         for topic in of(deck, tags_text):
@@ -412,6 +415,20 @@ def rank_topics(topics: Iterable[Topic]) -> list[Topic]:
         return (0, topic.retention, -topic.lapsed_cards, topic.kind, topic.name)
 
     return sorted(topics, key=weakness)
+
+
+def merge_deck_twins(topics: Sequence[Topic]) -> list[Topic]:
+    """`topics` without the tags that are a deck by another name: on every card of one deck and on no
+    other card, so every figure is the deck's. The deck keeps them in `twin_tags`; the order is kept."""
+    decks = {topic.name: topic for topic in topics if topic.kind == "deck"}
+    kept = []
+    for topic in topics:
+        deck = decks.get(next(iter(topic.decks))) if topic.kind == "tag" and len(topic.decks) == 1 else None
+        if deck is not None and deck.cards == topic.cards:
+            deck.twin_tags.append(topic.name)
+        else:
+            kept.append(topic)
+    return kept
 
 
 def mastery(session: Session, today: date, days: int) -> list[Topic]:

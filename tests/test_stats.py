@@ -82,6 +82,15 @@ def test_topics_by_hand_weakest_first():
     assert stats.weakest(stats.fold_topics(cards, [reviews[1]])) is None  # nothing lapsed
 
 
+def test_a_tag_on_exactly_one_decks_cards_is_shown_once_with_the_deck():
+    cards = [("alpha", "lab-a", '["memory", "comm"]', 3, 2, 5.0, 1), ("beta", "lab-b", '["comm"]', 2, 2, 4.6, 2),
+             ("beta", "lab-b", '["comm", "late"]', 1, 0, 0.0, 0)]
+    merged = stats.merge_deck_twins(stats.fold_topics(cards, []))
+    # memory: all 3 of alpha's cards and nothing else. comm spans two decks; late is on 1 of beta's 3 cards.
+    assert [(t.kind, t.name) for t in merged] == [("deck", "alpha"), ("deck", "beta"), ("tag", "comm"), ("tag", "late")]
+    assert merged[0].twin_tags == ["memory"] and merged[1].twin_tags == []
+
+
 # --- SQL on a hand-built log --------------------------------------------------------------------
 
 
@@ -180,6 +189,11 @@ def test_the_stats_page_shows_every_figure(built, client, clock):
     assert "median answer time <strong>3.5 s</strong>" in page  # the last 30 days: 1, 2.5, 3 | 4, 6, 9 s
     assert "True retention per month" in page and "Mastery by topic" in page
     assert '<tr data-topic="deck:alpha">' in page
+    # The test bank tags alpha's three cards fsdp and beta's two zero, and no others: a deck by another
+    # name is one row, the deck's, which says so.
+    assert 'data-topic="tag:' not in page
+    assert 'alpha</a> <span class="muted">deck, every card tagged <a href="/stats/tags/fsdp">fsdp</a></td>' in page
+    assert 'beta</a> <span class="muted">deck, every card tagged <a href="/stats/tags/zero">zero</a></td>' in page
 
 
 def test_the_home_page_names_the_weakest_topic_and_its_lab(built, client, clock):

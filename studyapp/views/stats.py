@@ -146,7 +146,7 @@ def index():
         busiest=max(year, key=lambda day: day[1], default=None),
         minutes_total=sum(m for _, m in minutes),
         median_ms=median,
-        topics=stats.mastery(session, today, MASTERY_DAYS),
+        topics=stats.merge_deck_twins(stats.mastery(session, today, MASTERY_DAYS)),
         mastery_days=MASTERY_DAYS,
         lab_info=lab_info,
         percent=percent,
