@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -403,7 +403,8 @@ TRACKER_GRADIENT_FILING = ("FSDPMemTracker as temporaries until their unit's pos
                            "reduce-scatter")
 
 
-def filing_difference(analytic: Mapping[str, int], simulated: Mapping[str, int]) -> str | None:
+def filing_difference(analytic: Mapping[str, int], simulated: Mapping[str, int],
+                      unit: Callable[[int], str] = human_bytes) -> str | None:
     """How the two methods' peaks differ by category ({category name: bytes} each), in one sentence; None
     when they agree category by category.
 
@@ -411,15 +412,16 @@ def filing_difference(analytic: Mapping[str, int], simulated: Mapping[str, int])
     until that unit's post-backward hands them to its reduce-scatter: it labels them only there. The
     analytic model files them as gradients from the moment they are computed. Where the peak falls inside
     backward (a block's, with the root's head gradient waiting too), that moves bytes between the two
-    categories and nothing else; any other difference is listed as it is."""
+    categories and nothing else; any other difference is listed as it is. `unit` writes a byte count (the
+    app's plan page gives decimal GB and MB, as its tables do)."""
     diff = {str(c): analytic.get(str(c), 0) - simulated.get(str(c), 0) for c in Category}
     moved = diff[str(Category.GRADIENTS)]
     if not any(diff.values()):
         return None
     if moved > 0 and diff[str(Category.TEMPORARIES)] == -moved and sum(map(abs, diff.values())) == 2 * moved:
-        return (f"the categories differ only in filing: {human_bytes(moved)} of unsharded gradients, which "
+        return (f"the categories differ only in filing: {unit(moved)} of unsharded gradients, which "
                 f"the analytic model counts as gradients from the moment they are computed and {TRACKER_GRADIENT_FILING}")
-    named = ", ".join(f"{c.replace('_', ' ')} {human_bytes(abs(d))} {'more' if d > 0 else 'less'}"
+    named = ", ".join(f"{c.replace('_', ' ')} {unit(abs(d))} {'more' if d > 0 else 'less'}"
                       for c, d in diff.items() if d)
     return f"the categories differ, analytic against simulated: {named}"
 

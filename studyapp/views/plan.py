@@ -330,7 +330,8 @@ def answer(inputs: Inputs) -> dict[str, Any]:
                                  "simulated"))
     analytic_by_name = {str(c.strategy): {str(k): f.bytes for k, f in c.plan.peak.categories} for c in columns if c.plan}
     simulation["filing"] = {  # where the two methods file bytes differently, said once per strategy
-        name: filing_difference(analytic_by_name[name], {k: v["bytes"] for k, v in simulated["peak"]["categories"].items()})
+        name: filing_difference(analytic_by_name[name], {k: v["bytes"] for k, v in simulated["peak"]["categories"].items()},
+                                unit=decimal_bytes)
         for name, simulated in simulation["simulated"].items() if "peak" in simulated and name in analytic_by_name
     }
     methods = "analytic and simulated" if any(bar.method == "simulated" for bar in bars) else "analytic"
