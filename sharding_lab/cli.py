@@ -75,7 +75,8 @@ def _run_config(args: argparse.Namespace, strategy: str, *, fsdp_options_only_wh
         fsdp_options = {}
     return RunConfig.of(
         strategy, world_size=args.world_size, device=args.device, placement=args.placement, size=args.size,
-        batch_size=args.micro_batch, seq_len=args.seq, prefetch=args.prefetch, mixed_precision=args.mixed_precision, check_gradients=args.check_gradients,
+        batch_size=args.micro_batch, seq_len=args.seq, prefetch=args.prefetch, mixed_precision=args.mixed_precision,
+        check_gradients=args.check_gradients,
         activation_checkpointing=args.activation_checkpointing, grad_accum_steps=args.grad_accum,
         model_overrides={"tied": True} if args.tied else {}, **fsdp_options, **options,
     )

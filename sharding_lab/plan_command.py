@@ -289,10 +289,7 @@ def _render_strategy(console, Table, analytic: Plan, simulated: Plan | None, una
 
 
 def _filing(analytic: Plan, simulated: Plan) -> str | None:
-    def by_category(plan: Plan) -> dict[str, int]:
-        return {str(c): f.bytes for c, f in plan.peak.categories}
-
-    return filing_difference(by_category(analytic), by_category(simulated))
+    return filing_difference(analytic.peak.bytes_by_category(), simulated.peak.bytes_by_category())
 
 
 def register(subparsers, *, simulate: Simulator | None = None) -> None:

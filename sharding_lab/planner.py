@@ -218,6 +218,10 @@ class PeakMemory:
     def __getitem__(self, category: Category) -> Figure:
         return dict(self.categories)[Category(category)]
 
+    def bytes_by_category(self) -> dict[str, int]:
+        """{category name: bytes}, as `plan_json` names them."""
+        return {str(c): f.bytes for c, f in self.categories}
+
 
 @dataclass(frozen=True)
 class Plan:

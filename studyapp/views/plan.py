@@ -322,17 +322,14 @@ def answer(inputs: Inputs) -> dict[str, Any]:
     request = inputs.request
     columns = analytic_columns(request)
     simulation = _simulation_state(inputs)
-    bars = [ChartBar(f"{c.strategy}", {str(k): f.bytes for k, f in c.plan.peak.categories}, "analytic")
-            for c in columns if c.plan]
-    for name, simulated in simulation["simulated"].items():
-        if "peak" in simulated:
-            bars.append(ChartBar(f"{name} sim", {k: v["bytes"] for k, v in simulated["peak"]["categories"].items()},
-                                 "simulated"))
-    analytic_by_name = {str(c.strategy): {str(k): f.bytes for k, f in c.plan.peak.categories} for c in columns if c.plan}
+    analytic = {str(c.strategy): c.plan.peak.bytes_by_category() for c in columns if c.plan}
+    simulated = {name: {k: v["bytes"] for k, v in sim["peak"]["categories"].items()}
+                 for name, sim in simulation["simulated"].items() if "peak" in sim}
+    bars = [ChartBar(name, by_category, "analytic") for name, by_category in analytic.items()]
+    bars += [ChartBar(f"{name} sim", by_category, "simulated") for name, by_category in simulated.items()]
     simulation["filing"] = {  # where the two methods file bytes differently, said once per strategy
-        name: filing_difference(analytic_by_name[name], {k: v["bytes"] for k, v in simulated["peak"]["categories"].items()},
-                                unit=decimal_bytes)
-        for name, simulated in simulation["simulated"].items() if "peak" in simulated and name in analytic_by_name
+        name: filing_difference(analytic[name], by_category, unit=decimal_bytes)
+        for name, by_category in simulated.items() if name in analytic
     }
     methods = "analytic and simulated" if any(bar.method == "simulated" for bar in bars) else "analytic"
     title = f"Per-GPU peak memory by strategy ({methods}) against {request.gpu_memory_gb:g} GB per GPU"
