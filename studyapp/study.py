@@ -20,7 +20,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlmodel import Session, select
 
 from studyapp import sm2
-from studyapp.db import DirectStatement
+from studyapp.db import DirectStatement, driver_transaction
 from studyapp.models import Card, ReviewLog
 from studyapp.sm2 import allowed_qualities
 
@@ -203,8 +203,8 @@ def next_card(session: Session, now: datetime, settings: StudySettings, deck_id:
 # --- Grading and undo -------------------------------------------------------------------
 
 
-# Built once and run on the driver's cursor (db.DirectStatement): grading is the app's hot path,
-# and SQLAlchemy's per-call execution machinery costs more there than the statements themselves.
+# Built once and run on the driver's cursor (db.DirectStatement) in a driver transaction: grading is
+# the app's hot path, and SQLAlchemy's per-call machinery costs more there than the statements themselves.
 _CARD_TO_GRADE = DirectStatement(select(
     Card.id, Card.question_id, Card.choices, Card.answer, Card.retired, Card.repetitions, Card.easiness,
     Card.interval, Card.due_day, Card.repeat_day, Card.last_reviewed_at, Card.version,
@@ -268,48 +268,43 @@ def grade(
 
     The server decides correctness from the choice; a wrong answer takes 0..2, a right one 3..5.
     Submitting the same showing again returns the first result and changes nothing.
+
+    The grade is one transaction of its own on the session's engine (db.driver_transaction: this is
+    the app's hot path), committed before it returns; the session's loaded objects are then expired,
+    so they load what it wrote. The session must hold no unsaved changes: they would not be part of it.
     """
+    if session.new or session.dirty or session.deleted:
+        raise RuntimeError("grade commits in a transaction of its own: commit or discard the session's changes first")
     sid = submission_id(card_id, version)
-    connection = session.connection()
-    card = next(iter(_CARD_TO_GRADE.rows(connection, {"card_id": card_id})), None)
-    if card is None:
-        session.rollback()
-        raise ReviewRejected(f"there is no card {card_id}", status=404)
-    if card.version != version:
-        # Versions only grow and every grade bumps one, so only a mismatch can be a repeat.
-        session.rollback()
-        if existing := _find_submission(session, sid):
-            return GradeResult.of(existing, duplicate=True)
-        raise ReviewConflict()
+    today, reviewed_at = study_day(now, settings), as_utc(now)
     try:
-        today = study_day(now, settings)
-        log = _review_log(card, sid, choice, quality, as_utc(now), today)
-        log["duration_ms"] = duration_ms
-    except ReviewRejected:
-        session.rollback()
-        raise
-    try:
-        changed = _ADVANCE_CARD.rowcount(
-            connection,
-            {
-                "card_id": card_id,
-                "expected_version": version,
-                "new_repetitions": log["after_repetitions"],
-                "new_easiness": log["after_easiness"],
-                "new_interval": log["after_interval"],
-                "new_due_day": log["after_due_day"],
-                "new_repeat_day": log["after_repeat_day"],
-                "new_last_reviewed_at": log["reviewed_at"],
-                "new_version": version + 1,
-            },
-        )
-        if changed != 1:
-            raise ReviewConflict()
-        (log_id,) = _APPEND_LOG.rows(connection, log)[0]
-        session.commit()
+        with driver_transaction(session.get_bind()) as connection:
+            card = next(iter(_CARD_TO_GRADE.rows(connection, {"card_id": card_id})), None)
+            if card is None:
+                raise ReviewRejected(f"there is no card {card_id}", status=404)
+            if card.version != version:
+                raise ReviewConflict()  # versions only grow and every grade bumps one: maybe a repeat
+            log = _review_log(card, sid, choice, quality, reviewed_at, today)
+            log["duration_ms"] = duration_ms
+            changed = _ADVANCE_CARD.rowcount(
+                connection,
+                {
+                    "card_id": card_id,
+                    "expected_version": version,
+                    "new_repetitions": log["after_repetitions"],
+                    "new_easiness": log["after_easiness"],
+                    "new_interval": log["after_interval"],
+                    "new_due_day": log["after_due_day"],
+                    "new_repeat_day": log["after_repeat_day"],
+                    "new_last_reviewed_at": log["reviewed_at"],
+                    "new_version": version + 1,
+                },
+            )
+            if changed != 1:
+                raise ReviewConflict()
+            (log_id,) = _APPEND_LOG.rows(connection, log)[0]
     except (ReviewConflict, IntegrityError, OperationalError):
-        # Lost a race: if it was against this same submission, that one counts.
-        session.rollback()
+        # A repeat, or a lost race (rolled back): if it was this same submission, that one counts.
         if existing := _find_submission(session, sid):
             return GradeResult.of(existing, duplicate=True)
         raise ReviewConflict() from None

@@ -7,8 +7,9 @@ import threading
 import time
 
 import pytest
+from sqlalchemy.exc import IntegrityError
 
-from studyapp.db import _switch_to_wal, make_engine
+from studyapp.db import DriverConnection, _switch_to_wal, driver_transaction, make_engine
 
 
 def test_the_switch_to_wal_waits_out_a_lock_held_by_another_connection(tmp_path):
@@ -45,4 +46,53 @@ def test_every_connection_of_an_engine_is_in_wal_with_normal_sync(tmp_path):
         assert connection.exec_driver_sql("PRAGMA journal_mode").scalar_one() == "wal"
         assert connection.exec_driver_sql("PRAGMA synchronous").scalar_one() == 1  # NORMAL
         assert connection.exec_driver_sql("PRAGMA foreign_keys").scalar_one() == 1
+    engine.dispose()
+
+
+def _parent_child_engine(tmp_path):
+    engine = make_engine(f"sqlite:///{tmp_path / 'app.sqlite3'}")
+    with engine.begin() as connection:
+        connection.exec_driver_sql("CREATE TABLE parent (id INTEGER PRIMARY KEY)")
+        connection.exec_driver_sql("CREATE TABLE child (id INTEGER PRIMARY KEY, parent_id INTEGER REFERENCES parent (id))")
+    return engine
+
+
+def _rows(engine, table: str) -> list[tuple]:
+    with engine.connect() as connection:
+        return [tuple(row) for row in connection.exec_driver_sql(f"SELECT * FROM {table} ORDER BY id")]
+
+
+def test_a_driver_transaction_commits_when_its_block_ends(tmp_path):
+    engine = _parent_child_engine(tmp_path)
+    with driver_transaction(engine) as connection:
+        assert isinstance(connection, DriverConnection) and connection.dialect is engine.dialect
+        connection.connection.cursor().execute("INSERT INTO parent (id) VALUES (1)")
+    assert _rows(engine, "parent") == [(1,)]  # read on another connection: committed
+    assert engine.pool.checkedout() == 0
+    engine.dispose()
+
+
+def test_a_driver_transaction_that_raises_stores_nothing_and_frees_its_connection(tmp_path):
+    engine = _parent_child_engine(tmp_path)
+    with pytest.raises(LookupError, match="after the write"), driver_transaction(engine) as connection:
+        connection.connection.cursor().execute("INSERT INTO parent (id) VALUES (1)")
+        raise LookupError("after the write")
+    assert _rows(engine, "parent") == []
+    assert engine.pool.checkedout() == 0
+    engine.dispose()
+
+
+def test_a_failed_commit_is_sqlalchemys_error_and_stores_nothing(tmp_path):
+    """A deferred foreign key is checked at COMMIT: the commit fails, as SQLAlchemy's IntegrityError
+    (what grade's race handling catches), and the transaction's other writes are rolled back."""
+    engine = _parent_child_engine(tmp_path)
+    with pytest.raises(IntegrityError, match="FOREIGN KEY"), driver_transaction(engine) as connection:
+        cursor = connection.connection.cursor()
+        cursor.execute("PRAGMA defer_foreign_keys = ON")
+        cursor.execute("INSERT INTO parent (id) VALUES (1)")
+        cursor.execute("INSERT INTO child (id, parent_id) VALUES (1, 99)")  # no parent 99: fails only at commit
+    assert _rows(engine, "parent") == [] and _rows(engine, "child") == []
+    with driver_transaction(engine) as connection:  # the connection went back to the pool usable
+        connection.connection.cursor().execute("INSERT INTO parent (id) VALUES (2)")
+    assert _rows(engine, "parent") == [(2,)]
     engine.dispose()

@@ -249,6 +249,29 @@ def test_a_driver_error_on_the_direct_path_is_sqlalchemys(session):
     assert len(session.exec(select(ReviewLog)).all()) == 1
 
 
+def test_a_grade_is_committed_on_its_own_and_the_sessions_objects_reload_it(session, app):
+    """grade commits in a driver transaction of its own: another connection sees the grade at once,
+    the engine's pool has every connection back, and a card the session had loaded reads the new state."""
+    card = card_by_qid(session, "alpha-shards")
+    result = answer(session, card, right=True, quality=5)
+    with Session(get_engine(app)) as other:
+        stored = other.exec(select(ReviewLog).where(ReviewLog.submission_id == result.log.submission_id)).one()
+        assert stored.model_dump() == result.log.model_dump()
+    assert get_engine(app).pool.checkedout() == 1  # the test's own session holds one; grade's went back
+    assert (card.version, card.state) == (1, sm2.review(None, 5))  # expired, so read again
+
+
+def test_grading_refuses_a_session_with_unsaved_changes(session):
+    """Unsaved changes would not be part of grade's own transaction: it says so and writes nothing."""
+    card = card_by_qid(session, "alpha-shards")
+    card.prompt = "edited, not saved"
+    with pytest.raises(RuntimeError, match="commit or discard the session's changes first"):
+        grade(session, card_id=card.id, version=card.version, choice=card.answer, quality=5, now=T0, settings=UTC_SETTINGS)
+    session.rollback()
+    assert session.exec(select(ReviewLog)).all() == []
+    assert card_by_qid(session, "alpha-shards").version == 0
+
+
 def test_the_server_decides_correctness_and_enforces_the_grade_range(session):
     card = card_by_qid(session, "alpha-shards")
     with pytest.raises(ReviewRejected, match="wrong answer is graded 0 to 2"):
