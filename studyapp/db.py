@@ -50,7 +50,11 @@ def make_engine(url: str) -> Engine:
     """An engine for `url`; SQLite gets the settings a threaded web server needs."""
     if not url.startswith("sqlite"):
         return create_engine(url, pool_pre_ping=True)
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S})
+    # LIFO: a request gets the connection returned last. SQLite drops a connection's page cache when
+    # another connection has written since its last read, so after a burst of concurrent requests a
+    # FIFO pool hands each request a cold one (a grade's statements measured ~25% slower).
+    engine = create_engine(url, pool_use_lifo=True,
+                           connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S})
 
     @event.listens_for(engine, "connect")
     def _sqlite_pragmas(dbapi_connection, _record) -> None:

@@ -49,6 +49,21 @@ def test_every_connection_of_an_engine_is_in_wal_with_normal_sync(tmp_path):
     engine.dispose()
 
 
+def test_the_pool_hands_out_the_connection_returned_last(tmp_path):
+    """After a burst opened several connections, the next request gets the one used last, whose page
+    cache is current (FIFO would cycle through connections another one's writes have made cold)."""
+    engine = make_engine(f"sqlite:///{tmp_path / 'app.sqlite3'}")
+    burst = [engine.raw_connection() for _ in range(3)]
+    drivers = [connection.dbapi_connection for connection in burst]
+    for connection in burst:
+        connection.close()  # returned in order: drivers[2] last
+    for _ in range(3):
+        connection = engine.raw_connection()
+        assert connection.dbapi_connection is drivers[2]
+        connection.close()
+    engine.dispose()
+
+
 def _parent_child_engine(tmp_path):
     engine = make_engine(f"sqlite:///{tmp_path / 'app.sqlite3'}")
     with engine.begin() as connection:
