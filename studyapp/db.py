@@ -85,6 +85,12 @@ class _Compiled:
     row_processors: list[Callable[[Any], Any] | None] | None = None  # set on the first result
 
 
+def _as_sqlalchemy_error(dialect: Dialect, sql: str, parameters: Any, error: Exception) -> DBAPIError:
+    """A driver's error as SQLAlchemy raises it (IntegrityError, OperationalError, ...), so code on the
+    hot path catches the same exceptions as code on SQLAlchemy's own."""
+    return DBAPIError.instance(sql, parameters, error, dialect.loaded_dbapi.Error)
+
+
 @dataclass(frozen=True)
 class DriverConnection:
     """A pooled driver connection in a transaction, with its dialect: what a DirectStatement runs on
@@ -106,7 +112,7 @@ def driver_transaction(engine: Engine) -> Iterator[DriverConnection]:
         try:
             dbapi.commit()
         except engine.dialect.loaded_dbapi.Error as error:
-            raise DBAPIError.instance("COMMIT", None, error, engine.dialect.loaded_dbapi.Error) from error
+            raise _as_sqlalchemy_error(engine.dialect, "COMMIT", None, error) from error
     except BaseException:
         dbapi.rollback()
         raise
@@ -164,7 +170,7 @@ class DirectStatement:
             cursor.execute(compiled.sql, parameters)
         except dialect.loaded_dbapi.Error as error:
             cursor.close()
-            raise DBAPIError.instance(compiled.sql, parameters, error, dialect.loaded_dbapi.Error) from error
+            raise _as_sqlalchemy_error(dialect, compiled.sql, parameters, error) from error
         return compiled, cursor
 
     def _compile(self, dialect: Dialect) -> _Compiled:
