@@ -268,7 +268,7 @@ class Measurement:
     ranks: tuple[RankMemory, ...]
     comm: CommSummary
     predicted: Prediction
-    step_time_s: float  # the slowest rank's median plain (untracked) step
+    step_time_s: float | None  # the slowest rank's median plain (untracked) step; None: timed_steps=0
     loss: float
     gradient_parity: GradientParity | None = None
     overlap: Overlap | None = None
@@ -299,7 +299,7 @@ class Measurement:
             ranks=tuple(_build(RankMemory, r) for r in data["memory"]["per_rank"]),
             comm=CommSummary.from_json(data["comm"]),
             predicted=_build(Prediction, data["predicted"]),
-            step_time_s=float(data["step_time_s"]),
+            step_time_s=None if data["step_time_s"] is None else float(data["step_time_s"]),
             loss=float(data["loss"]),
             gradient_parity=_build(GradientParity, parity) if parity else None,
             overlap=_build(Overlap, overlap) if overlap else None,

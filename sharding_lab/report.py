@@ -138,7 +138,7 @@ def render_measurement(m: Measurement, console: Console | None = None) -> None:
 
 def _print_footer(m: Measurement, console: Console) -> None:
     predicted_comm = m.predicted.communication_bytes_per_step
-    line = f"step time {m.step_time_s * 1000:.1f} ms; bytes per step {human_bytes(m.comm.bytes_per_step)}"
+    line = f"step time {step_time_text(m)}; bytes per step {human_bytes(m.comm.bytes_per_step)}"
     if predicted_comm:
         line += f" (ZeRO paper: {predicted_comm['multiple_of_params']}Ψ = {human_bytes(predicted_comm['bytes'])})"
     console.print(line)
@@ -158,6 +158,11 @@ def _print_footer(m: Measurement, console: Console) -> None:
         )
     elif m.config.device.startswith("cuda"):
         console.print(f"overlap not measured: {NO_NCCL_OVERLAP[m.config.backend]}")
+
+
+def step_time_text(m: Measurement) -> str:
+    """The median plain step, or why there is none."""
+    return "not timed (timed_steps=0)" if m.step_time_s is None else f"{m.step_time_s * 1000:.1f} ms"
 
 
 def render_comparison(by_strategy: dict[str, Measurement], console: Console | None = None) -> None:
@@ -190,5 +195,5 @@ def render_comparison(by_strategy: dict[str, Measurement], console: Console | No
         "wire bytes per step (derived)",
         *(human_bytes(m.comm.wire_bytes_per_step_derived) for m in by_strategy.values()),
     )
-    table.add_row("step time", *(f"{m.step_time_s * 1000:.1f} ms" for m in by_strategy.values()))
+    table.add_row("step time", *(step_time_text(m) for m in by_strategy.values()))
     console.print(table)

@@ -204,6 +204,9 @@ class RunConfig:
 
     @property
     def label(self) -> str:
-        """Short and readable: the strategy and whatever differs from the defaults."""
-        changed = ", ".join(f"{name}={value}" for name, value in self.changed_options().items())
+        """Short and readable: the strategy and whatever differs from the defaults in what is trained
+        (how many steps are timed is left out: it changes no figure but the step time)."""
+        changed = ", ".join(
+            f"{name}={value}" for name, value in self.changed_options().items() if name != "timed_steps"
+        )
         return f"{self.strategy}({changed})" if changed else str(self.strategy)

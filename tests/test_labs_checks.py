@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ElementTree
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
@@ -45,8 +46,10 @@ def lab_measurements(measured: dict, lab_id: str) -> dict[str, Measurement]:
 
 
 def other(measured: dict, strategy: str, world_size: int = WORLD_SIZE, **options) -> Measurement:
-    """The measurement of another configuration: what a lab sees if it measured the wrong thing."""
-    return measured[RunConfig.of(strategy, world_size=world_size, **options)]
+    """The measurement of another configuration: what a lab sees if it measured the wrong thing (as the
+    labs ask for it: most labs' runs time no steps)."""
+    config = RunConfig.of(strategy, world_size=world_size, **options)
+    return measured[config] if config in measured else measured[config.replace(timed_steps=0)]
 
 
 def as_json(measurements: dict[str, Measurement]) -> dict[str, dict]:
@@ -84,6 +87,28 @@ def test_lab_holds_on_cpu_at_two_ranks(measured, lab_id):
     assert (config["backend"], config["device"], config["world_size"]) == ("gloo", "cpu", WORLD_SIZE)
     assert config["torch_version"] and config["strategy"]
     json.dumps(run)  # the run JSON is JSON
+
+
+# Which labs show step times is asserted by what their analyses read, not by their declarations: with the
+# step times taken out, a lab whose runs time no steps gives the same verdict and report, and one that
+# times them cannot report.
+@pytest.mark.parametrize("lab_id", list(LABS))
+def test_a_lab_reads_step_times_only_where_its_runs_time_steps(measured, lab_id):
+    lab = LABS[lab_id]
+    specs = lab.runs(WORLD_SIZE)
+    measurements = lab_measurements(measured, lab_id)
+    untimed = {key: replace(m, step_time_s=None) for key, m in measurements.items()}
+    as_measured = evaluate(lab, WORLD_SIZE, specs, measurements)
+    without_step_times = evaluate(lab, WORLD_SIZE, specs, untimed)
+    timed_steps = {spec.config.timed_steps for spec in specs}
+    assert as_measured["holds"] and not as_measured["finding"].startswith("No report"), as_measured["finding"]
+    if lab.reads_step_time:
+        assert timed_steps == {RunConfig.__dataclass_fields__["timed_steps"].default}
+        assert without_step_times["finding"].startswith("No report: the measurements lack what it reads (TypeError")
+    else:
+        assert timed_steps == {0}
+        for part in ("holds", "reasons", "finding", "table", "charts"):
+            assert without_step_times[part] == as_measured[part], part
 
 
 # --- every check can fail: another strategy's measurements ------------------------------------------------
@@ -423,7 +448,7 @@ PADDED_LABS = ("what-fsdp-shards", "fsdp-is-zero3", "allgather-before-layer", "r
 def test_labs_hold_at_three_ranks_where_fsdp_pads_uneven_dims():
     specs = {lab_id: LABS[lab_id].runs(3) for lab_id in PADDED_LABS}
     measured, _ = measure_configs([spec.config for lab_specs in specs.values() for spec in lab_specs])
-    zero3 = measured[RunConfig.of("zero3", world_size=3)]
+    zero3 = other(measured, "zero3", world_size=3)
     assert zero3.padded_num_params > zero3.num_params, "the premise: something is padded"
     for lab_id, lab_specs in specs.items():
         measurements = {spec.key: measured[spec.config] for spec in lab_specs}

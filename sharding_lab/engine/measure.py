@@ -11,8 +11,9 @@ Each configuration, on every rank:
    measured step is a steady one. With `check_gradients`, the first warm-up step also compares the full
    gradient with a single-process reference on the same global batch;
 3. one measured step under the memory and communication trackers, phase by phase;
-4. plain timed steps for `step_time_s` (the trackers slow a step down); on CUDA one of them runs under
-   the profiler to see whether communication kernels overlapped compute kernels.
+4. plain timed steps for `step_time_s` (the trackers slow a step down; `timed_steps=0` times none, and
+   `step_time_s` is then None); on CUDA over NCCL one more runs under the profiler to see whether
+   communication kernels overlapped compute kernels.
 
 Configurations in one launch are independent: before each, every rank collects garbage (FSDP2's
 modules sit in reference cycles), empties the CUDA cache and resets its peak statistics; after each,
@@ -131,8 +132,8 @@ def _combine(config: RunConfig, choice: PlacementChoice, ranks: list[dict]) -> M
             "memory": {"per_rank": [r["memory"] for r in ranks]},
             "comm": first["comm"],
             "predicted": _predicted(config, measured_config["num_params"], measured_config["padded_num_params"]),
-            # The slowest rank sets the pace of a synchronous step.
-            "step_time_s": max(r["step_time_s"] for r in ranks),
+            # The slowest rank sets the pace of a synchronous step (None: no step was timed).
+            "step_time_s": None if config.timed_steps == 0 else max(r["step_time_s"] for r in ranks),
             "loss": first["loss"],
             "gradient_parity": first["gradient_parity"],
             "overlap": first["overlap"],
@@ -405,7 +406,9 @@ def _fsdp_sync_off(model):
         model.set_requires_gradient_sync(True)
 
 
-def _time_steps(ctx: RankContext, config: RunConfig, train_step, first_step: int) -> tuple[float, dict | None]:
+def _time_steps(
+    ctx: RankContext, config: RunConfig, train_step, first_step: int
+) -> tuple[float | None, dict | None]:
     import torch
 
     def synchronize():
@@ -426,4 +429,4 @@ def _time_steps(ctx: RankContext, config: RunConfig, train_step, first_step: int
         from sharding_lab.engine.overlap import profile_overlap
 
         overlap = profile_overlap(lambda: train_step(first_step + config.timed_steps), ctx.device)
-    return (statistics.median(durations) if durations else 0.0), overlap
+    return (statistics.median(durations) if durations else None), overlap

@@ -109,11 +109,14 @@ def measure_configs(
     """Measure each distinct configuration once, one batch per world size (on `pools`' warm ranks
     when given, else one launch each).
 
-    Returns the measurements keyed by their RunConfig and each batch's wall seconds.
+    Returns the measurements keyed by their RunConfig and each batch's wall seconds. A configuration
+    that times no steps, asked beside the same one timed, gets the timed one's measurement: it has all
+    the untimed one would.
     """
+    source = _with_timed_twins(configs)
     # One batch per world size and placement (a rank view runs apart from real ranks).
     batches: dict[tuple[int, str], list[RunConfig]] = {}
-    for config in dict.fromkeys(configs):
+    for config in dict.fromkeys(source.values()):
         batches.setdefault((config.world_size, str(config.placement)), []).append(config)
     measured: dict[RunConfig, Measurement] = {}
     seconds: dict[int, float] = {}
@@ -133,4 +136,13 @@ def measure_configs(
         measured.update(zip(distinct, results, strict=True))
     if timings is not None and pools is not None:
         timings["rank_s"] = timings.get("rank_s", 0.0) + pools.rank_seconds - rank_seconds_before
-    return measured, seconds
+    return {config: measured[measured_as] for config, measured_as in source.items()}, seconds
+
+
+def _with_timed_twins(configs: Sequence[RunConfig]) -> dict[RunConfig, RunConfig]:
+    """Each distinct configuration and the one to measure for it: itself, or for one with
+    timed_steps=0 the same configuration with timed steps, when that is asked too."""
+    timed = {config.replace(timed_steps=0): config for config in configs if config.timed_steps > 0}
+    return {
+        config: timed.get(config, config) if config.timed_steps == 0 else config for config in dict.fromkeys(configs)
+    }

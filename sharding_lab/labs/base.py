@@ -10,7 +10,7 @@ doctored measurements in tests.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
 from sharding_lab.catalog import LABS_BY_ID, LabInfo
@@ -69,6 +69,7 @@ class Lab(Generic[A]):
     analyse: Callable[[Measurements], A]  # every figure the check and the report use, computed once
     check_analysis: Callable[[A], Verdict]
     report_analysis: Callable[[A], Report]
+    reads_step_time: bool = False  # False: its runs time no steps (timed_steps=0), see catalog_lab
 
     @property
     def id(self) -> str:
@@ -154,6 +155,21 @@ def catalog_lab(
     analyse: Callable[[Measurements], A],
     check: Callable[[A], Verdict],
     report: Callable[[A], Report],
+    *,
+    reads_step_time: bool = False,
 ) -> Lab[A]:
-    """The runnable lab for a catalogue id (KeyError for an id the catalogue does not have)."""
-    return Lab(LABS_BY_ID[lab_id], runs, analyse, check, report)
+    """The runnable lab for a catalogue id (KeyError for an id the catalogue does not have).
+
+    A lab whose analysis reads no step time has its runs time no steps: on a small machine the timed
+    steps are a quarter of such a lab's wait, for a figure it never shows. Where another lab in the same
+    call times the same configuration, both read that one measurement (`run_labs.measure_configs`).
+    """
+    runs = runs if reads_step_time else _untimed(runs)
+    return Lab(LABS_BY_ID[lab_id], runs, analyse, check, report, reads_step_time)
+
+
+def _untimed(runs: Callable[[int], tuple[RunSpec, ...]]) -> Callable[[int], tuple[RunSpec, ...]]:
+    def untimed_runs(world_size: int) -> tuple[RunSpec, ...]:
+        return tuple(replace(spec, config=spec.config.replace(timed_steps=0)) for spec in runs(world_size))
+
+    return untimed_runs

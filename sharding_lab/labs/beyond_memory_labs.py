@@ -703,6 +703,7 @@ MEMORY_BEYOND_LABS: tuple[Lab, ...] = (
         analyse_checkpointing,
         check_checkpointing,
         report_checkpointing,
+        reads_step_time=True,  # the recompute's cost in step time
     ),
     catalog_lab("cpu-offload-traffic", offload_runs, analyse_offload, check_offload, report_offload),
     catalog_lab(

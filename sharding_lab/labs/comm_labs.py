@@ -599,6 +599,7 @@ COMM_LABS: tuple[Lab, ...] = (
         analyse_prefetch_overlap,
         check_prefetch_overlap,
         report_prefetch_overlap,
+        reads_step_time=True,  # its table shows each run's step time
     ),
     catalog_lab(
         "reduce-scatter-backward",
