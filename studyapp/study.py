@@ -67,6 +67,14 @@ class ReviewConflict(ReviewRejected):
         super().__init__(message, status=409)
 
 
+class AlreadyUndone(ReviewRejected):
+    """The review an undo names was undone already: a resubmitted undo form, which changes nothing."""
+
+    def __init__(self, log: ReviewLog):
+        super().__init__(f"review {log.id} was already undone; nothing changed", status=409)
+        self.log = log
+
+
 # --- Pure parts -------------------------------------------------------------------------
 
 
@@ -306,6 +314,8 @@ def grade(
     except (ReviewConflict, IntegrityError, OperationalError):
         # A repeat, or a lost race (rolled back): if it was this same submission, that one counts.
         if existing := _find_submission(session, sid):
+            if existing.undone_at is not None:  # this showing's answer was taken back: it no longer counts
+                raise ReviewConflict("that answer was undone, so it no longer counts; reload to answer the card again") from None
             return GradeResult.of(existing, duplicate=True)
         raise ReviewConflict() from None
     finally:
@@ -356,10 +366,21 @@ def last_live_review(session: Session) -> ReviewLog | None:
     return session.exec(select(ReviewLog).where(ReviewLog.undone_at.is_(None)).order_by(ReviewLog.id.desc()).limit(1)).first()
 
 
-def undo_last(session: Session, now: datetime) -> ReviewLog | None:
+def undo_last(session: Session, now: datetime, review_id: int | None = None) -> ReviewLog | None:
     """Undo the latest review not yet undone: its card gets its schedule back exactly and the
-    log row is marked undone (never deleted). Returns that row, or None when there is none."""
+    log row is marked undone (never deleted). Returns that row, or None when there is none.
+
+    `review_id` (what the undo form offered) makes a resubmitted undo change nothing: unless that
+    review is the latest live one, it raises AlreadyUndone (it was undone before) or ReviewConflict
+    (a newer review came after it), and undoes nothing."""
     log = last_live_review(session)
+    if review_id is not None and (log is None or log.id != review_id):
+        named = session.get(ReviewLog, review_id)
+        if named is None:
+            raise ReviewRejected(f"there is no review {review_id}", status=404)
+        if named.undone_at is not None:
+            raise AlreadyUndone(named)
+        raise ReviewConflict("a newer review came after the one this page offered to undo; reload and try again")
     if log is None:
         return None
     card = session.get(Card, log.card_id)
@@ -390,6 +411,8 @@ def undo_last(session: Session, now: datetime) -> ReviewLog | None:
         session.commit()
     except (ReviewConflict, OperationalError):
         session.rollback()
+        if review_id is not None and (named := session.get(ReviewLog, review_id)) and named.undone_at is not None:
+            raise AlreadyUndone(named) from None  # the same undo, posted twice at once: the other one did it
         raise ReviewConflict("another review or undo arrived meanwhile; reload and try again") from None
     finally:
         session.expire_all()

@@ -55,8 +55,9 @@ def test_the_question_page_shows_the_prompt_shuffled_choices_and_shortcuts(clien
     for choice in first.choices:
         assert choice in page
     assert shown_card(client)["order"] == shown["order"]  # a reload shows the same order
-    for key in ('data-key="1"', 'data-key="4"', "data-enter-submits", "<kbd>Enter</kbd>", "<kbd>u</kbd>"):
+    for key in ('data-key="1"', 'data-key="4"', "data-enter-submits", "<kbd>Enter</kbd>"):
         assert key in shown["page"]
+    assert 'data-key="u"' not in shown["page"] and "<kbd>u</kbd>" not in shown["page"]  # nothing to undo yet
 
 
 def test_the_order_changes_with_the_study_day(client, clock):
@@ -264,3 +265,59 @@ def test_an_oversized_body_is_refused_with_a_413(client, app, csrf_token):
 
 def test_a_get_on_a_post_endpoint_is_a_405(client):
     assert client.get("/study/grade").status_code == 405
+
+
+def undo_form(page: str) -> dict:
+    """The undo form's fields on a page: the review it offers to undo."""
+    form = re.search(r'<form method="post" action="/study/undo" class="undo">(.*?)</form>', page, re.S).group(1)
+    return dict(re.findall(r'name="(\w+)" value="([^"]*)"', form))
+
+
+def test_every_review_page_offers_undo_of_the_review_it_names(client, app, csrf_token):
+    shown = shown_card(client)
+    first = card(app, shown["card_id"])
+    submit(client, csrf_token, shown, first.answer, 5)
+    [log] = logs(app)
+    question = shown_card(client)
+    answer_page = submit(client, csrf_token, question, 0).get_data(as_text=True)  # the answer page, ungraded
+    for page in (question["page"], answer_page):
+        assert undo_form(page)["review_id"] == str(log.id)
+        assert 'data-key="u"' in page and "<kbd>u</kbd> undo the last review" in page
+
+
+def test_an_undo_form_posted_twice_undoes_one_review(client, app, csrf_token):
+    for _ in range(2):
+        shown = shown_card(client)
+        submit(client, csrf_token, shown, card(app, shown["card_id"]).answer, 5)
+    older, newer = logs(app)
+    form = undo_form(shown_card(client)["page"])
+    assert form["review_id"] == str(newer.id)
+    assert client.post("/study/undo", data=form).status_code == 302
+    again = client.post("/study/undo", data=form)  # a retried or resubmitted form
+    assert again.status_code == 302 and f"card={newer.card_id}" in again.location
+    assert "That review was already undone; nothing changed." in text(client.get(again.location))
+    older, newer = logs(app)
+    assert older.undone_at is None and newer.undone_at is not None
+
+
+def test_an_undo_form_for_a_review_no_longer_last_is_refused(client, app, csrf_token):
+    shown = shown_card(client)
+    submit(client, csrf_token, shown, card(app, shown["card_id"]).answer, 5)
+    stale = undo_form(shown_card(client)["page"])  # offered before the next review
+    shown = shown_card(client)
+    submit(client, csrf_token, shown, card(app, shown["card_id"]).answer, 5)
+    refused = client.post("/study/undo", data=stale)
+    assert refused.status_code == 409 and "newer review" in text(refused)
+    assert [log.undone_at for log in logs(app)] == [None, None]
+    assert client.post("/study/undo", data={**stale, "review_id": "x"}).status_code == 400
+
+
+def test_a_grade_resubmitted_after_its_undo_says_so(client, app, csrf_token):
+    shown = shown_card(client)
+    right = card(app, shown["card_id"]).answer
+    submit(client, csrf_token, shown, right, 5)
+    client.post("/study/undo", data={"csrf_token": csrf_token})
+    again = submit(client, csrf_token, shown, right, 5)  # Back, then the old grade form again
+    assert again.status_code == 409 and "that answer was undone" in text(again)
+    [log] = logs(app)
+    assert log.undone_at is not None

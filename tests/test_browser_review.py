@@ -83,6 +83,22 @@ def test_a_whole_daily_review_by_keyboard(page: Page, live_server: str, app):
     ]
 
 
+def test_u_on_the_answer_page_undoes_the_review_before_it(page: Page, live_server: str, app):
+    page.goto(live_server + "/study")
+    expect(page.locator(".keys")).not_to_contain_text("undo")  # nothing to undo before the first grade
+    graded = answer_by_keyboard(page, app, right=True, grade="5")
+    prompt = page.locator("h1.prompt").inner_text()
+    page.keyboard.press(str(page.locator("ol.choices .choice-text").all_inner_texts().index(correct_text(app, prompt)) + 1))
+    press_and_wait(page, "Enter")  # the second card's answer page, not yet graded
+    expect(page.locator(".keys")).to_contain_text("undo the last review")
+    press_and_wait(page, "u")
+    expect(page.locator(".flash")).to_contain_text("Undid your grade 5")
+    expect(page.locator("h1.prompt")).to_have_text(graded)
+    with Session(get_engine(app)) as session:
+        [log] = session.exec(select(ReviewLog)).all()
+    assert log.undone_at is not None
+
+
 @pytest.mark.parametrize("ci, outcome", [("", "1 skipped"), ("true", "1 error")])
 def test_without_chromium_a_browser_test_skips_but_fails_under_ci(ci, outcome):
     env = {**os.environ, "STUDYAPP_CHROMIUM": "/nonexistent/chromium", "CI": ci}

@@ -18,6 +18,7 @@ from studyapp.models import Card, ReviewLog
 from studyapp.study import (
     _APPEND_LOG,
     _CARD_TO_GRADE,
+    AlreadyUndone,
     ReviewConflict,
     ReviewRejected,
     Schedule,
@@ -358,3 +359,48 @@ def test_an_undone_card_can_be_reviewed_again_with_a_new_submission(session):
     second = answer(session, card, right=True, quality=5)
     assert not second.duplicate and second.log.submission_id != first.log.submission_id
     assert card_by_qid(session, "alpha-shards").state == sm2.review(None, 5)
+
+
+def _schedules(session: Session) -> list[tuple]:
+    """Every card's schedule and every log row's undo mark, as stored (another connection's view)."""
+    with Session(session.get_bind()) as fresh:
+        cards = [(c.id, c.repetitions, c.easiness, c.interval, c.due_day, c.repeat_day, c.version) for c in fresh.exec(select(Card))]
+        marks = [(log.id, log.undone_at) for log in fresh.exec(select(ReviewLog).order_by(ReviewLog.id))]
+    return sorted(cards) + marks
+
+
+def test_an_undo_naming_its_review_counts_once(session):
+    card = card_by_qid(session, "alpha-shards")
+    first = answer(session, card, right=True, quality=5)
+    second = answer(session, card_by_qid(session, "alpha-gather"), right=True, quality=4)
+    undone = undo_last(session, T0, review_id=second.log.id)
+    assert undone.id == second.log.id and undone.undone_at is not None
+    stored = _schedules(session)
+    with pytest.raises(AlreadyUndone) as already:  # the same form posted again
+        undo_last(session, T0, review_id=second.log.id)
+    assert already.value.log.id == second.log.id and already.value.status == 409
+    assert _schedules(session) == stored  # the first review was not undone in its place
+    assert session.get(ReviewLog, first.log.id).undone_at is None
+
+
+def test_an_undo_naming_an_older_review_is_a_conflict_and_changes_nothing(session):
+    first = answer(session, card_by_qid(session, "alpha-shards"), right=True, quality=5)
+    answer(session, card_by_qid(session, "alpha-gather"), right=True, quality=4)
+    stored = _schedules(session)
+    with pytest.raises(ReviewConflict, match="newer review"):
+        undo_last(session, T0, review_id=first.log.id)
+    with pytest.raises(ReviewRejected, match="there is no review 999") as missing:
+        undo_last(session, T0, review_id=999)
+    assert missing.value.status == 404
+    assert _schedules(session) == stored
+
+
+def test_a_grade_posted_again_after_its_undo_is_a_conflict_not_a_count(session):
+    card = card_by_qid(session, "alpha-shards")
+    args = dict(card_id=card.id, version=card.version, choice=card.answer, quality=5, now=T0, settings=UTC_SETTINGS)
+    grade(session, **args)
+    undo_last(session, T0)
+    stored = _schedules(session)
+    with pytest.raises(ReviewConflict, match="was undone"):
+        grade(session, **args)
+    assert _schedules(session) == stored

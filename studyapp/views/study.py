@@ -7,6 +7,7 @@ from flask import Blueprint, abort, flash, redirect, render_template, request, u
 from studyapp.db import get_session
 from studyapp.models import Card, Deck
 from studyapp.study import (
+    AlreadyUndone,
     ReviewRejected,
     choice_order,
     day_progress,
@@ -69,9 +70,9 @@ def show():
     today = clock.today()
     card = _requested_card(request.args.get("card")) or next_card(session, now, settings, deck.id if deck else None)
     progress = day_progress(session, today)
-    can_undo = last_live_review(session) is not None
+    undoable = last_live_review(session)
     if card is None:
-        return render_template("study/done.html", deck=deck, progress=progress, settings=settings, can_undo=can_undo)
+        return render_template("study/done.html", deck=deck, progress=progress, settings=settings, undoable=undoable)
     order = choice_order(card.id, today, len(card.choices))
     return render_template(
         "study/question.html",
@@ -81,7 +82,7 @@ def show():
         is_repeat=card.repeat_day == today,
         progress=progress,
         settings=settings,
-        can_undo=can_undo,
+        undoable=undoable,
         shown_at=_now_ms(),
     )
 
@@ -117,6 +118,7 @@ def answer():
         **card_lab(card.lab),
         is_repeat=card.repeat_day == today,
         duration_ms=_answer_duration_ms(),
+        undoable=last_live_review(get_session()),
     )
 
 
@@ -147,7 +149,10 @@ def undo():
     deck = _deck_filter(request.form.get("deck"))
     session = get_session()
     try:
-        undone = undo_last(session, clock.now())
+        undone = undo_last(session, clock.now(), optional_form_int("review_id", 1))
+    except AlreadyUndone as already:  # the same undo form again: it counts once, as a grade does
+        flash("That review was already undone; nothing changed.")
+        return redirect(_study_url(deck, already.log.card_id))
     except ReviewRejected as rejected:
         abort(rejected.status, description=str(rejected))
     if undone is None:
