@@ -120,3 +120,19 @@ def test_every_state_changing_endpoint_refuses_bad_input_cleanly(app, client, cs
         "inputs_tried": sum(tried.values()), "per_endpoint": dict(tried),
         "statuses": {str(k): v for k, v in sorted(outcomes.items())}, "server_errors": server_errors,
     })
+
+
+def test_json_nested_too_deep_is_a_clear_400_on_every_endpoint(app, client, csrf_token):
+    """2 KB of brackets: Python's JSON parser gives up with RecursionError, not the ValueError a
+    malformed body raises, so without its own handling this was a 500."""
+    body = "[" * 1000 + "]" * 1000
+    before, statuses = fingerprint(app), {}
+    for rule in state_changing_rules(app):
+        path = re.sub(r"<(?:[^:>]+:)?[^>]+>", "what-fsdp-shards", rule.rule)
+        response = client.post(path, data=body, content_type="application/json", headers={"X-CSRF-Token": csrf_token})
+        assert response.status_code < 500, (path, response.get_data(as_text=True)[:300])
+        statuses[path] = response.status_code
+        if response.status_code >= 400:
+            assert says_why(response), (path, response.get_data(as_text=True)[:300])
+    assert statuses["/labs/what-fsdp-shards/runs"] == statuses["/plan/simulations"] == 400  # the two that read JSON
+    assert fingerprint(app) == before

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from flask import abort, request
 
 from studyapp.bank import SLUG
@@ -28,6 +30,16 @@ def optional_form_int(name: str, minimum: int = 0, maximum: int = MAX_ID) -> int
     if raw is None or raw.strip() == "":
         return None
     return form_int(name, minimum, maximum)
+
+
+def json_body() -> Any:
+    """The request's JSON body, or None when it is not valid JSON. Nested too deep counts as not valid:
+    Python's parser raises RecursionError there (2 KB of brackets will do), which Flask's silent mode,
+    catching only ValueError, would let through as a 500."""
+    try:
+        return request.get_json(silent=True)
+    except RecursionError:
+        return None
 
 
 def known_slug(raw: str, what: str) -> str:

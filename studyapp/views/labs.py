@@ -34,6 +34,7 @@ from studyapp.lab_runs.findings import LabFinding, lab_findings, measured_date, 
 from studyapp.lab_runs.queue import ACTIVE, active_runs, aware, expected_seconds, queue_position, utcnow
 from studyapp.models import Card, LabRun
 from studyapp.safe_svg import safe_charts
+from studyapp.views.forms import json_body
 
 bp = Blueprint("labs", __name__, url_prefix="/labs")
 PAST_RUNS_SHOWN = 20
@@ -154,7 +155,7 @@ def _run_request() -> RunRequest:
     """The parameters a run takes, world_size and device, from a JSON body or the form; anything else
     is refused (400, or 409 for cuda while the lab process is still being asked for its GPUs)."""
     if request.is_json:
-        body = request.get_json(silent=True)
+        body = json_body()
         if not isinstance(body, dict):
             abort(400, description="The body must be a JSON object such as {\"world_size\": 2, \"device\": \"cpu\"}.")
     else:

@@ -50,6 +50,7 @@ from studyapp.lab_runs.plan_runs import (
 from studyapp.lab_runs.queue import PLAN_SIMULATION
 from studyapp.models import LabRun
 from studyapp.plan_chart import ChartBar, memory_chart
+from studyapp.views.forms import json_body
 from studyapp.views.labs import run_json  # a lab run's JSON: one shape for both job kinds
 
 bp = Blueprint("plan", __name__, url_prefix="/plan")
@@ -383,7 +384,7 @@ def _wants_json() -> bool:
 @limit_lab_runs  # per session, when served beyond loopback: as a lab run
 def start_simulation():
     if request.is_json:
-        body = request.get_json(silent=True)
+        body = json_body()
         if not isinstance(body, dict) or not all(isinstance(v, str) for v in body.values()):
             abort(400, description='The body must be a JSON object of the form\'s fields as strings, e.g. {"size": "7b"}.')
         source = MultiDict(body)
