@@ -267,7 +267,7 @@ def check_login():
     if logged_in():
         return None
     if _wants_json():
-        return jsonify(error="Log in first: open the login URL `studyapp serve` printed.", status=401), 401
+        return jsonify(error="Log in first: open the login URL that `studyapp serve` or `studyapp token` prints.", status=401), 401
     target = request.full_path.rstrip("?") if request.method in ("GET", "HEAD") else "/"
     return redirect(url_for("auth.login", next=target), code=302 if request.method in ("GET", "HEAD") else 303)
 

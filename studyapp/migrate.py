@@ -98,7 +98,9 @@ def _one_migrator(connection: Connection) -> Iterator[None]:
 
 def upgrade(engine: Engine, revision: str = "head") -> str | None:
     """Migrate the database to `revision` (default: the newest), all in one transaction.
-    Returns the revision it is at."""
+    Returns the revision it is at. An unknown revision is refused before the database is opened
+    (alembic's CommandError), so it creates no file."""
+    _scripts().get_revision(revision)
     with engine.connect() as connection, _one_migrator(connection):
         adopted = _adopt_unversioned(connection)
         before = MigrationContext.configure(connection).get_current_revision()
@@ -141,8 +143,13 @@ def db_upgrade_command(revision: str) -> None:
 
 @db_group.command("current")
 def db_current_command() -> None:
-    """Print the database's revision and the newest one."""
-    click.echo(f"database at revision {current_revision(_engine()) or 'unversioned'} (head is {head_revision()})")
+    """Print the database's revision and the newest one; a database that does not exist is left so."""
+    engine = _engine()
+    path = engine.url.database
+    if engine.dialect.name == "sqlite" and path and path != ":memory:" and not Path(path).exists():
+        click.echo(f"no database at {path} yet (head is {head_revision()}): `studyapp db upgrade` makes it")
+        return
+    click.echo(f"database at revision {current_revision(engine) or 'unversioned'} (head is {head_revision()})")
 
 
 @db_group.command("revision")

@@ -126,6 +126,7 @@ def test_serve_on_a_taken_port_says_so_without_a_traceback_and_starts_nothing(ru
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert f"cannot serve on 127.0.0.1:{port}: Address already in use (another server" in result.output
     assert started == [], "the lab worker starts only once the port is bound"
+    assert "bank synced" not in result.output, "refused before the bank is synced into the database"
 
 
 @pytest.mark.parametrize("port", ["99999", "-1", "http"])
@@ -141,8 +142,10 @@ def test_serve_refuses_a_configured_port_that_does_not_exist(runner, app):
 
 
 def test_serve_refuses_to_start_on_a_bad_bank(runner, bank_dir, monkeypatch):
-    monkeypatch.setattr(serve_cli, "make_server",
-                        lambda *args, **kwargs: (_ for _ in ()).throw(AssertionError("served")))
+    # The address is bound first (a taken port or a bad --host ends before the database is touched);
+    # a bad bank then ends it before anything is served.
+    monkeypatch.setattr(serve_cli, "make_server", lambda *args, **kwargs: serve_cli.Server(
+        5000, lambda: (_ for _ in ()).throw(AssertionError("served"))))
     write_bank(bank_dir, {"alpha": "id: alpha\ntitle: [unclosed\n"})
     result = runner.invoke(args=["serve"])
     assert result.exit_code == 1 and "YAML syntax error" in result.output

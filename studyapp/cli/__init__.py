@@ -11,11 +11,15 @@ To add a command, define it (a click command or an AppGroup) and list it in COMM
 
 from __future__ import annotations
 
+import os
+
+import click
 from flask import Flask
-from flask.cli import FlaskGroup
+from flask.cli import FlaskGroup, ScriptInfo
 
 from studyapp.cli.anki import export_anki_command
 from studyapp.cli.bank import bank_group
+from studyapp.cli.errors import run_explained, shown_url
 from studyapp.cli.history import export_history_command, import_history_command
 from studyapp.cli.labs import labs_group
 from studyapp.cli.serve import serve_command
@@ -45,7 +49,20 @@ def _create_app() -> Flask:
     return create_app(upgrade_schema=False)  # each command that uses the database upgrades it first
 
 
-main = FlaskGroup(
+class StudyappGroup(FlaskGroup):
+    """Flask's command group, with a database, migration or file error said in one line (cli.errors)."""
+
+    def invoke(self, ctx: click.Context):
+        def database_url() -> str:
+            try:
+                return shown_url(ctx.ensure_object(ScriptInfo).load_app().config["DATABASE_URL"])
+            except Exception:  # the app itself could not be made: say what the environment asked for
+                return shown_url(os.environ.get("STUDYAPP_DATABASE_URL", "(the configured DATABASE_URL)"))
+
+        return run_explained(lambda: super(StudyappGroup, self).invoke(ctx), database_url)
+
+
+main = StudyappGroup(
     name="studyapp",
     help="The sharding study app.",
     create_app=_create_app,

@@ -67,5 +67,7 @@ def bank_import_quiz_command(quiz_file: str, deck_id: str, out: str | None) -> N
         return
     if Path(out).exists():
         raise click.ClickException(f"{out} exists; not overwriting it")
+    if not Path(out).parent.is_dir():
+        raise click.ClickException(f"{out}: there is no folder {Path(out).parent}")
     atomic_write.write_text(Path(out), text)
     click.echo(f"wrote {out}: mark the correct choices and fill in the blanks, then run `studyapp bank check`")

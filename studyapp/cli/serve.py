@@ -116,11 +116,7 @@ def serve_command(host: str | None, port: int | None, debug: bool) -> None:
     port = app.config["PORT"] if port is None else port
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise click.ClickException(f"PORT must be a whole number from 0 to 65535, got {port!r}")
-    click.echo(f"bank synced: {sync_configured_bank(app).summary()}")
-    token, made = None, False
-    if not auth.is_loopback(host) or auth.login_required(app):  # the address bound decides, not a client's
-        token, made = auth.require_login(app)
-    try:  # bound before anything starts: a taken port ends here, with nothing left running
+    try:  # bound before anything starts: a taken port or a bad address ends here, with nothing changed
         server = make_server(app, host, port, debug=debug)
     except OSError as error:
         raise click.ClickException(
@@ -128,6 +124,13 @@ def serve_command(host: str | None, port: int | None, debug: bool) -> None:
             + (" (another server, perhaps studyapp itself, is using it; choose another with --port)"
                if error.errno == errno.EADDRINUSE else "")
         ) from None
+    except ValueError as error:  # waitress, for an address it cannot resolve or parse
+        raise click.ClickException(f"cannot serve on {host}:{port}: {error} (--host takes an IP address or a "
+                                   "name this machine resolves, such as 127.0.0.1 or 0.0.0.0)") from None
+    click.echo(f"bank synced: {sync_configured_bank(app).summary()}")
+    token, made = None, False
+    if not auth.is_loopback(host) or auth.login_required(app):  # the address bound decides, not a client's
+        token, made = auth.require_login(app)
     start_worker(app)  # fails runs a restart cut off, resumes queued ones
     # A service stop (SIGTERM) exits like Ctrl-C, so atexit kills a running lab's processes too.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

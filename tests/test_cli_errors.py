@@ -1,0 +1,52 @@
+"""The `studyapp` entry point itself (not app.cli): a database, migration, address or file a user got
+wrong is one line naming it, exit status 1, no traceback, and nothing created on the way."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from studyapp.cli.errors import explained
+
+QUIZ = Path(__file__).parent / "data" / "fsdp-quiz.txt"
+
+
+def studyapp(*args: str, database_url: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "STUDYAPP_DATABASE_URL": database_url}
+    return subprocess.run([sys.executable, "-c", "from studyapp.cli import main; main()", *args],
+                          capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, url, says", [
+    (["db", "current"], "bogus://x", "Error: the database URL bogus://x is not one SQLAlchemy can open: "
+                                     "Can't load plugin: sqlalchemy.dialects:bogus"),
+    (["bank", "sync"], "sqlite:////nonexistent/folder/x.db",
+     "Error: cannot use the database at sqlite:////nonexistent/folder/x.db: unable to open database file"),
+    (["bank", "sync"], "postgresql://learner:hunter2@127.0.0.1:1/study",
+     "Error: cannot use the database at postgresql://learner:***@127.0.0.1:1/study: connection failed"),
+    (["db", "upgrade", "nosuchrev"], "sqlite:///{tmp}/x.db", "Error: db: Can't locate revision identified by 'nosuchrev'"),
+    (["bank", "import-quiz", str(QUIZ), "--deck", "ok", "--out", "/nonexistent/x.yaml"], "sqlite:///{tmp}/x.db",
+     "Error: /nonexistent/x.yaml: there is no folder /nonexistent"),
+    (["serve", "--host", "999.1.1.1", "--port", "0"], "sqlite:///{tmp}/x.db",
+     "Error: cannot serve on 999.1.1.1:0: Invalid host/port specified."),
+    (["db", "current"], "sqlite:///{tmp}/x.db", "no database at {tmp}/x.db yet (head is "),
+])
+def test_a_users_mistake_is_one_line_and_creates_nothing(tmp_path, args, url, says):
+    result = studyapp(*args, database_url=url.format(tmp=tmp_path), cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert says.format(tmp=tmp_path) in output, output
+    assert "Traceback" not in output and "hunter2" not in output
+    assert result.returncode == (0 if args == ["db", "current"] and "sqlite" in url else 1)
+    assert list(tmp_path.iterdir()) == []  # no database file made, no bank synced, nothing written
+
+
+def test_only_errors_a_user_can_fix_are_explained():
+    url = lambda: "sqlite:///x.db"  # noqa: E731
+    assert explained(FileNotFoundError(2, "No such file or directory", "/a/b"), url) == "/a/b: No such file or directory"
+    assert explained(KeyError("card"), url) is None  # a bug keeps its traceback
+    assert explained(ValueError("bad"), url) is None
