@@ -25,17 +25,20 @@ class SyncReport:
     updated: list[str] = field(default_factory=list)
     retired: list[str] = field(default_factory=list)
     restored: list[str] = field(default_factory=list)
+    moved: list[str] = field(default_factory=list)  # only their place in the bank changed
     unchanged: int = 0
     decks: int = 0
 
     @property
     def changed(self) -> bool:
-        return bool(self.added or self.updated or self.retired or self.restored)
+        return bool(self.added or self.updated or self.retired or self.restored or self.moved)
 
     def summary(self) -> str:
         return (
             f"{self.decks} decks: {len(self.added)} added, {len(self.updated)} updated, "
-            f"{len(self.retired)} retired, {len(self.restored)} restored, {self.unchanged} unchanged"
+            f"{len(self.retired)} retired, {len(self.restored)} restored, "
+            + (f"{len(self.moved)} moved, " if self.moved else "")
+            + f"{self.unchanged} unchanged"
         )
 
 
@@ -81,11 +84,12 @@ def sync_decks(session: Session, bank: list[BankDeck]) -> SyncReport:
                     report.restored.append(question.id)
                 elif card.content_hash != question.content_hash():
                     report.updated.append(question.id)
-                else:
-                    report.unchanged += 1
+                else:  # only its place: what a learner sees of it is the same, so an open answer stays good
+                    report.moved.append(question.id)
+                if card.retired or card.content_hash != question.content_hash():
+                    card.version += 1  # an answer to the old text must not be graded against the new
                 _copy_content(card, question, position)
                 card.retired = False
-                card.version += 1  # an answer to the old text must not be graded against the new
             else:
                 report.unchanged += 1
             session.add(card)

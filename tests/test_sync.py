@@ -95,3 +95,21 @@ def test_a_bad_bank_changes_nothing_and_names_file_line_and_field(app, bank_dir)
     message = str(refused.value)
     assert re.search(r"alpha\.yaml:\d+, question alpha-gather, field 'choices'", message), message
     assert snapshot(app) == before
+
+
+def test_a_reordered_bank_moves_cards_without_staling_an_open_answer(app, bank_dir):
+    with Session(get_engine(app)) as session:
+        open_form = session.exec(select(Card).where(Card.question_id == "beta-adam")).one()  # shown, not yet graded
+        versions = {c.question_id: c.version for c in session.exec(select(Card))}
+    write_bank(bank_dir, {"alpha": ALPHA_DECK + "order: 1\n", "beta": BETA_DECK})  # beta's deck first now
+    report = sync_bank(get_engine(app), bank_dir)
+    assert report.moved == ["beta-adam", "beta-stage3", "alpha-shards", "alpha-gather", "alpha-free"]
+    assert report.changed and not (report.updated or report.added or report.retired or report.restored)
+    assert "5 moved, 0 unchanged" in report.summary()
+    with Session(get_engine(app)) as session:
+        cards = session.exec(select(Card).order_by(Card.position)).all()
+        assert [c.question_id for c in cards] == report.moved
+        assert {c.question_id: c.version for c in cards} == versions  # nothing a learner sees changed
+        result = grade(session, card_id=open_form.id, version=open_form.version, choice=open_form.answer, quality=5,
+                       now=T0, settings=SETTINGS)
+    assert not result.duplicate and result.log.card_id == open_form.id
