@@ -20,27 +20,30 @@ def text(response) -> str:
     return html.unescape(response.get_data(as_text=True))
 
 
-def review(app, qid: str, now) -> None:
+def review(app, qid: str, now, quality: int = 5) -> None:
     with Session(get_engine(app)) as session:
         card = session.exec(select(Card).where(Card.question_id == qid)).one()
-        grade(session, card_id=card.id, version=card.version, choice=card.answer, quality=5, now=now,
+        grade(session, card_id=card.id, version=card.version, choice=card.answer, quality=quality, now=now,
               settings=StudySettings(timezone="UTC"))
 
 
 def deck_row(page: str, deck_id: str) -> dict[str, int]:
     row = re.search(rf'<tr data-deck="{deck_id}">(.*?)</tr>', page, re.S).group(1)
-    return {name: int(re.search(rf'class="{name}">(\d+)<', row).group(1)) for name in ("due", "new", "learned")}
+    return {name: int(re.search(rf'class="{name}">(\d+)<', row).group(1)) for name in ("due", "repeats", "new", "learned")}
 
 
 def test_home_lists_each_deck_with_due_new_and_learned_counts(client, app, clock):
     page = client.get("/").get_data(as_text=True)
-    assert deck_row(page, "alpha") == {"due": 0, "new": 3, "learned": 0}
-    assert deck_row(page, "beta") == {"due": 0, "new": 2, "learned": 0}
+    assert deck_row(page, "alpha") == {"due": 0, "repeats": 0, "new": 3, "learned": 0}
+    assert deck_row(page, "beta") == {"due": 0, "repeats": 0, "new": 2, "learned": 0}
     assert 'href="/study?deck=alpha"' in page and "Study" in page
     review(app, "alpha-shards", clock.now)
+    review(app, "alpha-gather", clock.now, quality=3)  # passed, but below 4: its step-7 repeat waits today
+    page = client.get("/").get_data(as_text=True)
+    assert deck_row(page, "alpha") == {"due": 0, "repeats": 1, "new": 1, "learned": 2}
     clock.advance(days=1)
     page = client.get("/").get_data(as_text=True)
-    assert deck_row(page, "alpha") == {"due": 1, "new": 2, "learned": 1}
+    assert deck_row(page, "alpha") == {"due": 2, "repeats": 0, "new": 1, "learned": 2}
 
 
 def test_assets_are_served_locally(client):

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import date
 
 from flask import Blueprint, render_template
-from sqlalchemy import case, func
+from sqlalchemy import and_, case, func
 from sqlmodel import Session, select
 
 from sharding_lab.catalog import lab_info
@@ -25,6 +25,7 @@ WEAKEST_DAYS = 7  # "this week": the home page's one line on the weakest topic
 class DeckCounts:
     deck: Deck
     due: int  # reviews due today or overdue
+    repeats: int  # step-7 repeats waiting today (graded below 4 earlier today), not otherwise due
     new: int  # never reviewed
     learned: int  # reviewed at least once
 
@@ -34,15 +35,16 @@ def deck_counts(session: Session, today: date) -> list[DeckCounts]:
         select(
             Card.deck_id,
             func.sum(case((Card.due_day <= today, 1), else_=0)),
+            func.sum(case((and_(Card.repeat_day == today, Card.due_day > today), 1), else_=0)),
             func.sum(case((Card.due_day.is_(None), 1), else_=0)),
             func.sum(case((Card.due_day.is_not(None), 1), else_=0)),
         )
         .where(Card.retired.is_(False))
         .group_by(Card.deck_id)
     ).all()
-    counts = {deck_id: (int(due or 0), int(new or 0), int(learned or 0)) for deck_id, due, new, learned in rows}
+    counts = {deck_id: tuple(int(n or 0) for n in figures) for deck_id, *figures in rows}
     decks = session.exec(select(Deck).where(Deck.retired.is_(False)).order_by(Deck.position)).all()
-    return [DeckCounts(deck, *counts.get(deck.id, (0, 0, 0))) for deck in decks]
+    return [DeckCounts(deck, *counts.get(deck.id, (0, 0, 0, 0))) for deck in decks]
 
 
 @bp.get("/")
