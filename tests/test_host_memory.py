@@ -50,16 +50,40 @@ def test_available_memory_is_memavailable_capped_by_the_cgroups_own_limit(tmp_pa
     assert available_bytes(tmp_path / "absent", tmp_path / "absent") is None
 
 
+PROCESS = 128 * 2**20  # each rank process's floor: torch and gloo, measured at 138 MiB
+
+
 def test_a_launch_over_the_floor_is_refused_with_its_figures_and_one_under_it_runs():
     ddp = RunConfig.of("ddp", world_size=2, size="gpt2-small")
-    check_fits([ddp], available=2 * 16 * PSI)  # exactly the floor: allowed
+    floor = 2 * 16 * PSI + 2 * PROCESS
+    check_fits([ddp], available=floor, processes=2)  # exactly the floor: allowed
     with pytest.raises(HostMemoryTooSmall) as refused:
-        check_fits([RunConfig.of("zero3", world_size=2), ddp], available=2 * 16 * PSI - 1)
+        check_fits([RunConfig.of("zero3", world_size=2), ddp], available=floor - 1, processes=2)
     message = str(refused.value)
     assert "ddp on 2 CPU rank(s) of gpt2-small" in message and f"{PSI:,} parameters" in message
+    assert "256.0 MiB for 2 rank process(es)" in message
     assert "or zero3, which shards them" in message and "sharding-lab plan --size gpt2-small" in message
-    check_fits([ddp.replace(device="cuda")], available=1)  # GPU memory is not the host's
-    check_fits([ddp], available=None)  # unknown (not Linux): nothing to check
+    check_fits([ddp.replace(device="cuda")], available=2 * PROCESS, processes=2)  # GPU memory is not the host's
+    check_fits([ddp], available=None, processes=2)  # unknown (not Linux): nothing to check
+
+
+def test_more_rank_processes_than_the_host_can_start_are_refused_for_any_model():
+    # zero3 of tiny shards its few KiB of states; 100,000 processes of torch are what cannot fit.
+    many = RunConfig.of("zero3", world_size=100_000)
+    with pytest.raises(HostMemoryTooSmall) as refused:
+        check_fits([many], available=64 * 2**30, processes=100_000)
+    message = str(refused.value)
+    assert "starts 100,000 rank processes" in message and "12.2 TiB for all of them" in message
+    assert "smaller --world-size" in message and "sharding-lab plan --size tiny --gpus 100000" in message
+    with pytest.raises(HostMemoryTooSmall, match="starts 100,000 rank processes"):  # on GPUs too: host processes
+        check_fits([many.replace(device="cuda")], available=64 * 2**30, processes=100_000)
+    check_fits([many], available=64 * 2**30, processes=1)  # a rank view is one process: it fits
+
+
+def test_the_cli_refuses_a_world_no_host_can_start_before_any_rank_starts(capsys):
+    assert cli.main(["measure", "--strategy", "zero3", "--world-size", "100000", "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "starts 100,000 rank processes" in captured.err and "Traceback" not in captured.err
 
 
 def test_the_cli_refuses_a_model_no_machine_here_can_hold_before_any_rank_starts(capsys):

@@ -82,7 +82,8 @@ def measure_many(
         if config.check_gradients and choice.placement is Placement.RANK_VIEW:
             raise ValueError("gradient parity needs real ranks: in a rank view collectives move no data")
     if not under_torchrun():  # CPU ranks share this host's memory; under torchrun they may span hosts
-        host_memory.check_fits(configs, host_memory.available_bytes())
+        processes = 1 if choice.placement is Placement.RANK_VIEW else first.world_size
+        host_memory.check_fits(configs, host_memory.available_bytes(), processes)
     if on_progress:
         on_progress(choice.note or f"starting {first.world_size} ranks for {len(configs)} configuration(s)")
     launcher = run_ranks if pools is None or under_torchrun() else pools.run
