@@ -4,6 +4,8 @@ names it, never a traceback."""
 from __future__ import annotations
 
 import argparse
+import math
+from collections.abc import Callable
 
 
 def positive_int(text: str) -> int:
@@ -21,6 +23,18 @@ def positive_float(text: str) -> float:
         value = float(text)
     except ValueError:
         value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive, finite number, got {text!r}")
     return value
+
+
+def at_most(maximum: float, parse: Callable[[str], float] = positive_int) -> Callable[[str], float]:
+    """`parse`, bounded above by `maximum` (what one command may be asked to do)."""
+
+    def bounded(text: str) -> float:
+        value = parse(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:,}, got {text!r}")
+        return value
+
+    return bounded

@@ -85,6 +85,9 @@ def test_simulation_column_from_the_simulator_it_is_given(capsys):
         (["--size", "mini", "--gpus", "2", "--seq", "65"], "exceeds"),
         (["--width", "8", "--gpus", "2"], "missing"),
         (["--size", "mini", "--gpus", "2", "--seq-len", "32"], "a named size has its own"),
+        (["--size", "tiny", "--layers", "2", "--width", "64", "--gpus", "2"],
+         "--layers --width give a shape of your own; --size tiny has its own"),
+        (["--size", "tiny", "--mesh", "1000x1000"], "--mesh 1000x1000 is 1,000,000 GPUs, more than the 131,072"),
         (["--layers", "2", "--width", "64", "--heads", "4", "--vocab", "512", "--seq-len", "32", "--seq", "64",
           "--gpus", "2"], "exceeds"),
     ],
@@ -92,6 +95,22 @@ def test_simulation_column_from_the_simulator_it_is_given(capsys):
 def test_bad_input_is_a_message_not_a_traceback(argv, message, capsys):
     code, out, err = run(argv, capsys)
     assert code == 2 and message in err and "Traceback" not in err and out == ""
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--gpus", "131073"], "argument --gpus: must be at most 131,072, got '131073'"),  # as the app's page
+    (["--gpus", "2", "--layers", "1025", "--width", "8", "--heads", "1", "--vocab", "8", "--seq", "8"],
+     "argument --layers: must be at most 1,024"),
+    (["--gpus", "2", "--gpu-memory-gb", "inf"], "argument --gpu-memory-gb: must be a positive, finite number, got 'inf'"),
+    (["--gpus", "2", "--gpu-memory-gb", "10001"], "argument --gpu-memory-gb: must be at most 10,000"),
+    (["--gpus", "2", "--grad-accum", "4097"], "argument --grad-accum: must be at most 4,096"),
+])
+def test_inputs_beyond_a_plans_bounds_are_usage_errors(argv, message, capsys):
+    # The bounds are the app's too; unbounded, --gpus 100000000 planned ZeRO-1 for minutes in 11 GB.
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "--size", "tiny", *argv] if "--layers" not in argv else ["plan", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
 
 
 def test_argument_errors_exit_2(capsys):

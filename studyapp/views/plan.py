@@ -24,6 +24,11 @@ from sharding_lab.model_config import SIZES
 from sharding_lab.plan_command import simulation_unavailable
 from sharding_lab.planner import (
     GB,
+    MAX_DIM,
+    MAX_GPU_MEMORY_GB,
+    MAX_GPUS,
+    MAX_GRAD_ACCUM,
+    MAX_LAYERS,
     MAX_MICRO_BATCH,
     Category,
     Mesh,
@@ -55,14 +60,7 @@ from studyapp.views.labs import run_json  # a lab run's JSON: one shape for both
 
 bp = Blueprint("plan", __name__, url_prefix="/plan")
 
-CUSTOM = "custom"
-# Bounds on one GET's work: the largest case, 1024 narrow layers at 131,072 GPUs, plans all four
-# strategies in about 0.7 s on 2 cores (70b at 1024 GPUs: tens of ms).
-MAX_LAYERS = 1024
-MAX_GPUS = 131_072
-MAX_DIM = 1 << 20  # width, vocabulary, sequence length
-MAX_GRAD_ACCUM = 4096
-MAX_GPU_MEMORY_GB = 10_000
+CUSTOM = "custom"  # the inputs' bounds (MAX_*) are the planner's: one GET's work is bounded as the CLI's
 
 
 @dataclass(frozen=True)
