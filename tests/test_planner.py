@@ -157,6 +157,27 @@ def test_the_largest_micro_batch_is_the_edge_of_fitting():
     assert largest_micro_batch(PlanRequest(ModelShape.named("70b"), Mesh.of(2), 80)) == 0
 
 
+EDGE_CASES = [  # where the allocator's rounding bends the peak's line (zero3 here) and where it does not
+    dict(model=ModelShape(1024, 64, 1, 1, 1), mesh=Mesh.of(131_072), strategy=Strategy.ZERO3, seq=1),
+    dict(model=ModelShape(1024, 64, 1, 1, 1), mesh=Mesh.of(131_072), strategy=Strategy.ZERO1, seq=1),
+    dict(model=ModelShape.named("7b"), mesh=Mesh.of(64), strategy=Strategy.ZERO2, seq=2048, mixed_precision=True),
+    dict(model=ModelShape.named("1b"), mesh=Mesh.parse("2x4"), strategy=Strategy.ZERO3, seq=512,
+         activation_checkpointing=True, grad_accum_steps=4),
+    dict(model=ModelShape.named("gpt2-small"), mesh=Mesh.of(8), strategy=Strategy.ZERO3, seq=1024, cpu_offload=True),
+    dict(model=ModelShape.named("gpt2-small"), mesh=Mesh.of(2), strategy=Strategy.DDP, seq=1024),
+    dict(model=ModelShape.named("mini"), mesh=Mesh.of(4), strategy=Strategy.ZERO3, seq=8, gpu_memory_gb=0.01),
+]
+
+
+@pytest.mark.parametrize("case", EDGE_CASES, ids=lambda c: f"{c['strategy']}-{c['mesh'].world_size}")
+def test_the_largest_micro_batch_fits_and_one_more_does_not(case):
+    fields = {"gpu_memory_gb": 80, **case}
+    request = PlanRequest(fields.pop("model"), fields.pop("mesh"), fields.pop("gpu_memory_gb"), **fields)
+    best = largest_micro_batch(request)
+    fits = lambda b: analytic_peak(request, b).total <= request.usable_bytes  # noqa: E731
+    assert best >= 1 and fits(best) and not fits(best + 1)
+
+
 def test_fits_states_its_headroom():
     plan = plan_analytic(small())
     assert plan.fits and "headroom 10%" in plan.headroom_statement
