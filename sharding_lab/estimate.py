@@ -40,6 +40,9 @@ PAPER_STAGE_NAMES: dict[str, str] = {str(s): s.paper_name for s in STRATEGIES}
 _SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
 
 
+MAX_PARAMS = 10**15  # a thousand times today's largest models; beyond, a float of the bytes overflows
+
+
 def parse_param_count(text: str) -> int:
     """'7.5e9', '7.5B', '128B', '1T', '350M' or '1000' as a whole number of parameters."""
     match = re.fullmatch(r"\s*([0-9.eE+-]+?)\s*([kKmMbBgGtT]?)\s*", text)
@@ -51,6 +54,8 @@ def parse_param_count(text: str) -> int:
         raise ValueError(f"not a parameter count: {text!r} (try 7.5e9, 7.5B, 128B or 1T)") from None
     if value != value.to_integral_value() or value <= 0:
         raise ValueError(f"a parameter count must be a positive whole number, got {text!r}")
+    if value > MAX_PARAMS:
+        raise ValueError(f"a parameter count must be at most {MAX_PARAMS:.0e} (a quadrillion), got {text!r}")
     return int(value)
 
 
@@ -242,8 +247,27 @@ def _simulate_with_progress(args: argparse.Namespace):
         raise SystemExit(f"sharding-lab estimate: {error}") from None
 
 
+def _refuse_unused(args: argparse.Namespace) -> None:
+    """A flag the chosen report would not read is refused, not silently dropped."""
+    simulation_only = [f"--{n}" for n in ("size", "batch", "seq") if getattr(args, n) is not None]
+    if args.table1:
+        unused = [f for f, given in (("--params", args.params is not None), ("--world-size", args.world_size is not None),
+                                      ("--simulate", args.simulate)) if given] + simulation_only
+        if unused:
+            raise SystemExit(f"sharding-lab estimate: --table1 reproduces the paper's table as it stands; "
+                             f"it takes no {' '.join(unused)}")
+    elif args.simulate and args.params is not None:
+        raise SystemExit("sharding-lab estimate: --simulate counts the parameters of the model --size names "
+                         "(default tiny); --params is for the analytic estimate without it")
+    elif not args.simulate and simulation_only:
+        raise SystemExit(f"sharding-lab estimate: {' '.join(simulation_only)} shape the --simulate run; "
+                         "without --simulate the estimate takes --params")
+
+
 def run_estimate(args: argparse.Namespace) -> int:
     """The `estimate` subcommand: arguments in, one report out (a rich table or one JSON object)."""
+    _refuse_unused(args)
+    args.size, args.batch = args.size or "tiny", args.batch or 1
     if args.table1:
         rows = table1()
         if args.json:
@@ -306,7 +330,7 @@ def register(subparsers) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--table1", action="store_true", help="reproduce the ZeRO paper's Table 1")
     parser.add_argument("--simulate", action="store_true", help="simulate FSDP2 on fake tensors and a fake process group")
-    parser.add_argument("--size", default="tiny", help="model size for --simulate (tiny, gpt2-small, ..., 70b)")
-    parser.add_argument("--batch", type=positive_int, default=1, help="micro-batch size per rank for --simulate")
+    parser.add_argument("--size", help="model size for --simulate (tiny, gpt2-small, ..., 70b; default tiny)")
+    parser.add_argument("--batch", type=positive_int, help="micro-batch size per rank for --simulate (default 1)")
     parser.add_argument("--seq", type=positive_int, help="sequence length for --simulate (default: 128 or block_size)")
     parser.set_defaults(func=run_estimate)

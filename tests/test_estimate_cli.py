@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 
@@ -44,7 +45,7 @@ def test_param_counts_in_every_form(text, count):
     assert parse_param_count(text) == count
 
 
-@pytest.mark.parametrize("text", ["seven", "1.5", "0", "-3B", "12X", ""])
+@pytest.mark.parametrize("text", ["seven", "1.5", "0", "-3B", "12X", "", "1e400", "1001T"])
 def test_bad_param_counts_are_refused(text):
     with pytest.raises(ValueError):
         parse_param_count(text)
@@ -116,6 +117,20 @@ def test_table1_json_and_table(capsys):
     out = capsys.readouterr().out
     for cell in ("52.5", "41.3", "31.4", "16.6", "1.88", "0.12", "2048", "896", "16000", "62.5", "15.6"):
         assert cell in out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--simulate", "--params", "7.5B", "--world-size", "8"], "--params is for the analytic estimate without it"),
+    (["--table1", "--simulate"], "--table1 reproduces the paper's table as it stands; it takes no --simulate"),
+    (["--table1", "--params", "7.5B", "--world-size", "8"], "it takes no --params --world-size"),
+    (["--params", "7.5B", "--world-size", "8", "--size", "tiny", "--batch", "4"],
+     "--size --batch shape the --simulate run; without --simulate the estimate takes --params"),
+])
+def test_a_flag_the_report_would_not_read_is_refused(argv, message):
+    # Each of these once printed a report that silently dropped a flag (the simulation of tiny, for
+    # a --params of 7.5B).
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        run_estimate_cli(argv)
 
 
 def test_world_size_is_required_without_table1():
