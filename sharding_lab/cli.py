@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -47,10 +48,10 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
                         help="recompute each block's forward in backward instead of keeping its activations")
     parser.add_argument("--cpu-offload", action="store_true",
                         help="FSDP: keep sharded parameters, gradients and Adam state in host memory "
-                        "(CPUOffloadPolicy); DDP strategies run without it")
+                        "(CPUOffloadPolicy); `measure` refuses it for a DDP strategy, `compare` runs those without it")
     parser.add_argument("--replicas", type=int, default=1,
                         help="FSDP: HSDP over a replicas x (world size / replicas) mesh (default 1: full "
-                        "sharding); DDP strategies run without it")
+                        "sharding); `measure` refuses it for a DDP strategy, `compare` runs those without it")
     parser.add_argument("--grad-accum", type=int, default=1, metavar="STEPS",
                         help="micro-batches per optimizer step; gradients sync on the last only (default 1)")
     parser.add_argument("--device", choices=DEVICES, default="cpu",
@@ -186,6 +187,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return args.func(args)
+    except BrokenPipeError:  # `... --json | head`: the reader left; say nothing more, as Unix tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not raise again
+        return 1
     except RankFailed as failure:
         print(f"sharding-lab: {failure.for_user()}", file=sys.stderr)
         return 1

@@ -196,4 +196,14 @@ def render_comparison(by_strategy: dict[str, Measurement], console: Console | No
         *(human_bytes(m.comm.wire_bytes_per_step_derived) for m in by_strategy.values()),
     )
     table.add_row("step time", *(step_time_text(m) for m in by_strategy.values()))
+    if any(m.gradient_parity for m in by_strategy.values()):  # --check-gradients
+        table.add_row("gradient parity (max rel. error)", *(_parity_cell(m) for m in by_strategy.values()))
     console.print(table)
+
+
+def _parity_cell(m: Measurement) -> str:
+    parity = m.gradient_parity
+    if not parity:
+        return "-"
+    verdict = "holds" if parity.holds else "[red]FAILS[/red]"
+    return f"{verdict} ({parity.max_relative_error:.1e})"

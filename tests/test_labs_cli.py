@@ -33,18 +33,24 @@ def test_list_as_a_table_names_every_lab(capsys):
 
 
 @pytest.mark.parametrize(
-    "argv",
+    ("argv", "message"),
     [
-        ["run"],
-        ["run", "adam-optimizer-state", "--all"],
-        ["run", "no-such-lab"],
-        ["run", "adam-optimizer-state", "--world-size", "1"],
+        (["run"], "name one LAB or pass --all"),
+        (["run", "adam-optimizer-state", "--all"], "name one LAB or pass --all"),
+        (["run", "no-such-lab"], "no-such-lab"),
+        (["run", "adam-optimizer-state", "--world-size", "1"], "--world-size must be at least 2"),
+        (["run", "adam-optimizer-state", "--export", "{tmp}"], "--export {tmp} is a folder; give a file path"),
+        (["run", "adam-optimizer-state", "--export", "{tmp}/none/x.json"], "there is no folder {tmp}/none"),
+        (["at-scale", "no-such-lab"], "sharding-lab at-scale: "),
     ],
 )
-def test_run_refuses_a_missing_extra_or_unknown_lab(argv):
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(argv)
-    assert exit_info.value.code != 0
+def test_run_refuses_a_missing_extra_or_unknown_lab_before_running(argv, message, tmp_path, capsys, monkeypatch):
+    from sharding_lab.labs import commands
+
+    monkeypatch.setattr(commands, "_run_with_progress", lambda *a, **k: pytest.fail("ran before refusing"))
+    assert cli.main([a.format(tmp=tmp_path) for a in argv]) == 2  # a usage error, as argparse's: 1 is a failed claim
+    err = capsys.readouterr().err
+    assert message.format(tmp=tmp_path) in err and "Traceback" not in err
 
 
 def _fake_run(lab_id: str, holds: bool) -> dict:

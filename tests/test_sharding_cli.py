@@ -254,3 +254,27 @@ def test_tables_show_measured_beside_predicted():
     text = console.export_text()
     assert "predicted" in text and "all_gather" in text and "reduce_scatter" in text
     assert "zero1" in text and "step time" in text
+
+
+def test_compare_shows_each_strategys_gradient_parity_when_it_was_checked():
+    from sharding_lab.report import render_comparison
+
+    runs = typed()
+    console = Console(record=True, width=400)
+    render_comparison({"ddp": runs["ddp"], "zero3": runs["zero3"], "summing": runs["zero3 summing"],
+                       "bf16": runs["zero3 bf16"]}, console)
+    row = next(line for line in console.export_text().splitlines() if "gradient parity" in line)
+    cells = [cell.strip() for cell in row.split("│")[2:-1]]  # after the label
+    assert [cell.split(" (")[0] for cell in cells] == ["holds", "holds", "FAILS", "-"]  # bf16 was not checked
+    assert cells[2] == f"FAILS ({runs['zero3 summing'].gradient_parity.max_relative_error:.1e})"
+    console = Console(record=True, width=400)
+    render_comparison({"bf16": runs["zero3 bf16"]}, console)
+    assert "gradient parity" not in console.export_text()  # no row when nothing was checked
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    # `sharding-lab list --json | head`: the pipe closes before the output is written.
+    script = f"(sleep 0.5; {sys.executable} -m sharding_lab.cli list --json; echo rc=$? >&2) | true"
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr
+    assert "rc=1" in result.stderr

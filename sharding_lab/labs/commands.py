@@ -94,6 +94,8 @@ def register(subparsers) -> None:
 def run_at_scale(args: argparse.Namespace) -> int:
     from sharding_lab.labs.at_scale import at_scale_line, simulated_figures
 
+    if (refused := _unknown_lab([args.lab] if args.lab else [])) is not None:
+        return _usage_error("at-scale", refused)
     labs = [get_lab(args.lab)] if args.lab else list(LABS.values())
     if args.write:
         from sharding_lab.engine.at_scale import write_simulated_figures
@@ -139,19 +141,40 @@ def run_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_run(args: argparse.Namespace) -> int:
-    if args.all == bool(args.lab):
-        raise SystemExit("sharding-lab run: name one LAB or pass --all (see `sharding-lab list`)")
-    if args.world_size < 2:
-        raise SystemExit(
-            "sharding-lab run: --world-size must be at least 2 (one rank shards and sends nothing)"
-        )
-    lab_ids = list(LABS) if args.all else [args.lab]
+def _unknown_lab(lab_ids: list[str]) -> str | None:
+    """What is wrong with the first lab id that names no lab, or None."""
     try:
         for lab_id in lab_ids:
             get_lab(lab_id)
     except KeyError as error:
-        raise SystemExit(f"sharding-lab run: {error.args[0]}") from None
+        return str(error.args[0])
+    return None
+
+
+def _usage_error(command: str, message: str) -> int:
+    """A request refused before anything ran: exit status 2, as argparse's own (1 is a claim that fails)."""
+    print(f"sharding-lab {command}: {message}", file=sys.stderr)
+    return 2
+
+
+def _export_problem(path: str) -> str | None:
+    """Why `--export PATH` could not be written, found before the labs run rather than after."""
+    target = Path(path)
+    if target.is_dir():
+        return f"--export {path} is a folder; give a file path such as {target / 'lab-results.json'}"
+    if not target.parent.is_dir():
+        return f"--export {path}: there is no folder {target.parent}"
+    return None
+
+
+def run_run(args: argparse.Namespace) -> int:
+    if args.all == bool(args.lab):
+        return _usage_error("run", "name one LAB or pass --all (see `sharding-lab list`)")
+    if args.world_size < 2:
+        return _usage_error("run", "--world-size must be at least 2 (one rank shards and sends nothing)")
+    lab_ids = list(LABS) if args.all else [args.lab]
+    if (refused := _unknown_lab(lab_ids) or (_export_problem(args.export) if args.export else None)) is not None:
+        return _usage_error("run", refused)
 
     started, timings = time.perf_counter(), {}
     try:
