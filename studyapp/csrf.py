@@ -30,6 +30,8 @@ def csrf_token() -> str:
 def check_csrf() -> None:
     if request.method in SAFE_METHODS:
         return
+    if request.routing_exception is not None:  # no such route, or not this method: its 404 or 405 says so
+        return
     expected = session.get(_SESSION_KEY)
     sent = request.headers.get(HEADER) or request.form.get(FORM_FIELD)
     if not isinstance(expected, str) or not sent or not hmac.compare_digest(sent.encode(), expected.encode()):

@@ -267,6 +267,14 @@ def test_a_get_on_a_post_endpoint_is_a_405(client):
     assert client.get("/study/grade").status_code == 405
 
 
+@pytest.mark.parametrize(("method", "url", "status"), [("PUT", "/study", 405), ("DELETE", "/", 405),
+                                                       ("POST", "/stats", 405), ("POST", "/no/such/page", 404)])
+def test_a_wrong_method_or_route_says_so_before_the_csrf_check(client, method, url, status):
+    # Without a token: a CSRF 400 here would hide what is really wrong.
+    response = client.open(url, method=method)
+    assert response.status_code == status and "CSRF" not in text(response)
+
+
 def undo_form(page: str) -> dict:
     """The undo form's fields on a page: the review it offers to undo."""
     form = re.search(r'<form method="post" action="/study/undo" class="undo">(.*?)</form>', page, re.S).group(1)

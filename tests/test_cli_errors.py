@@ -50,3 +50,11 @@ def test_only_errors_a_user_can_fix_are_explained():
     assert explained(FileNotFoundError(2, "No such file or directory", "/a/b"), url) == "/a/b: No such file or directory"
     assert explained(KeyError("card"), url) is None  # a bug keeps its traceback
     assert explained(ValueError("bad"), url) is None
+
+
+def test_flasks_app_and_env_file_options_are_not_offered(tmp_path):
+    # They were listed in --help yet ignored: the app is always create_app's.
+    shown = studyapp("--help", database_url=f"sqlite:///{tmp_path}/x.db", cwd=tmp_path)
+    assert shown.returncode == 0 and "--app" not in shown.stdout and "--env-file" not in shown.stdout
+    refused = studyapp("--app", "other:app", "db", "current", database_url=f"sqlite:///{tmp_path}/x.db", cwd=tmp_path)
+    assert refused.returncode == 2 and "No such option '--app'" in refused.stderr

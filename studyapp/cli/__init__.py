@@ -50,7 +50,13 @@ def _create_app() -> Flask:
 
 
 class StudyappGroup(FlaskGroup):
-    """Flask's command group, with a database, migration or file error said in one line (cli.errors)."""
+    """Flask's command group, with a database, migration or file error said in one line (cli.errors).
+    Flask's own --app, --env-file and --debug are left out: the app is always create_app's (configured
+    by instance/config.py and STUDYAPP_* variables), and `serve --debug` is the debug switch."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.params = [p for p in self.params if p.name not in ("app", "env_file", "debug")]
 
     def invoke(self, ctx: click.Context):
         def database_url() -> str:
