@@ -329,3 +329,10 @@ def test_a_grade_resubmitted_after_its_undo_says_so(client, app, csrf_token):
     assert again.status_code == 409 and "that answer was undone" in text(again)
     [log] = logs(app)
     assert log.undone_at is not None
+
+
+def test_a_requested_card_outside_the_sessions_deck_is_not_shown_under_it(client, app):
+    alpha = card(app, shown_card(client, "/study?deck=alpha")["card_id"])
+    shown = shown_card(client, f"/study?deck=beta&card={alpha.id}")  # an alpha card asked for in beta's session
+    assert card(app, shown["card_id"]).deck_id == "beta" and "Beta deck" in shown["page"]
+    assert shown_card(client, f"/study?deck=alpha&card={alpha.id}")["card_id"] == str(alpha.id)

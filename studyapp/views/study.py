@@ -54,12 +54,14 @@ def _study_url(deck: Deck | None, card_id: int | None = None) -> str:
     return url_for("study.show", deck=deck.id if deck else None, card=card_id)
 
 
-def _requested_card(raw: str | None) -> Card | None:
-    """`?card=ID` (after an undo) shows that card again, if it is up today."""
+def _requested_card(raw: str | None, deck: Deck | None) -> Card | None:
+    """`?card=ID` (after an undo) shows that card again, if it is up today and in the session's deck."""
     if not raw or not raw.isascii() or not raw.isdigit() or len(raw) > 12:
         return None
     card = get_session().get(Card, int(raw))
-    return card if card is not None and is_up_today(card, clock.today()) else None
+    if card is None or (deck is not None and card.deck_id != deck.id):
+        return None
+    return card if is_up_today(card, clock.today()) else None
 
 
 @bp.get("")
@@ -68,7 +70,7 @@ def show():
     session = get_session()
     settings, now = clock.settings(), clock.now()
     today = clock.today()
-    card = _requested_card(request.args.get("card")) or next_card(session, now, settings, deck.id if deck else None)
+    card = _requested_card(request.args.get("card"), deck) or next_card(session, now, settings, deck.id if deck else None)
     progress = day_progress(session, today)
     undoable = last_live_review(session)
     if card is None:
