@@ -125,6 +125,17 @@ class _Sequence(list):
     item_lines: list[int]
 
 
+def _yaml_kind(value: object) -> str:
+    """What a YAML value is, in YAML's words (the loader's own classes are no concern of an author)."""
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if value is None:
+        return "nothing"
+    return {bool: "true/false", int: "a number", float: "a number", str: "text"}.get(type(value), type(value).__name__)
+
+
 class _LineLoader(yaml.SafeLoader):
     pass
 
@@ -198,7 +209,7 @@ class _Checker:
         if key not in mapping:
             return ""
         if not isinstance(value, str):
-            self.add(line, f"must be text, got {type(value).__name__}", qid, field or key)
+            self.add(line, f"must be text, got {_yaml_kind(value)}", qid, field or key)
             return ""
         if not value.strip():
             self.add(line, "must not be empty", qid, field or key)
@@ -208,7 +219,7 @@ class _Checker:
 
 def _question(raw: Any, deck_id: str, index: int, line: int, check: _Checker) -> Question | None:
     if not isinstance(raw, _Mapping):
-        check.add(line, f"question #{index + 1} must be a mapping, got {type(raw).__name__}", None, "questions")
+        check.add(line, f"question #{index + 1} must be a mapping, got {_yaml_kind(raw)}", None, "questions")
         return None
     qid = raw.get("id") if isinstance(raw.get("id"), str) else None
     label = qid or f"#{index + 1}"
@@ -306,7 +317,7 @@ def parse_deck(text: str, file: str) -> tuple[Deck | None, list[BankProblem]]:
         check.add(line, f"YAML syntax error: {reason}", None, None)
         return None, check.problems
     if not isinstance(raw, _Mapping):
-        check.add(1, f"a deck file must be a mapping with {sorted(DECK_REQUIRED)}, got {type(raw).__name__}")
+        check.add(1, f"a deck file must be a mapping with {sorted(DECK_REQUIRED)}, got {_yaml_kind(raw)}")
         return None, check.problems
 
     check.keys(raw, DECK_KEYS, DECK_REQUIRED, "the deck", None)

@@ -335,12 +335,12 @@ def case_choice_not_a_mapping() -> Case:
 def case_question_not_a_mapping() -> Case:
     edit = Edit()
     edit.lines.append("  - What is a shard?\n")
-    return Case(edit, [(len(edit.lines), None, "questions")], "question #9 must be a mapping")
+    return Case(edit, [(len(edit.lines), None, "questions")], "question #9 must be a mapping, got text")
 
 
 def case_prompt_not_text() -> Case:
     edit = Edit().replace("prompt: Which collective operation does FSDP use to reconstruct", "prompt: 42 #")
-    return Case(edit, [(edit.line("prompt: 42 #"), q(2), "prompt")], "must be text")
+    return Case(edit, [(edit.line("prompt: 42 #"), q(2), "prompt")], "must be text, got a number")
 
 
 def case_missing_deck_title() -> Case:
@@ -361,6 +361,11 @@ def problems_of(tmp_path: Path, text: str, name: str = "fsdp.yaml") -> list[Bank
     with pytest.raises(BankError) as refused:
         load_bank(tmp_path)
     return refused.value.problems
+
+
+def test_a_deck_file_that_is_a_list_says_so_in_yamls_words(tmp_path):
+    [problem] = problems_of(tmp_path, "- id: fsdp\n- title: x\n")
+    assert problem.line == 1 and problem.message.endswith("got a list")  # not the loader's class, _Sequence
 
 
 def test_the_harness_copy_itself_loads(tmp_path):
