@@ -120,3 +120,20 @@ def test_labs_share_the_pool_within_a_call_and_across_requests_to_the_lab_server
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert lines[0]["result"]["lab"] == "adam-optimizer-state" and "bad request" in lines[1]["error"]
     assert new_children(before) == []
+
+
+@pytest.mark.parametrize(("line", "says"), [
+    ("{}", "no 'lab' or 'world_size'; send a JSON object such as"),
+    ('{"lab": "adam-optimizer-state"}', "no 'world_size'"),
+    ("[1, 2]", "list, not a JSON object"),
+    ("not json", "not JSON"),
+    ("[" * 5000 + "]" * 5000, "not JSON"),
+])
+def test_a_malformed_request_line_is_answered_with_what_to_send(line, says):
+    from sharding_lab.engine import lab_server
+
+    before = children_of_this_process()
+    with Pools(idle_timeout_s=None) as pools:
+        answer = lab_server.answer(line, pools, 240)
+        assert children_of_this_process() == before  # refused before any rank started
+    assert says in answer["error"] and "Traceback" not in answer["error"]

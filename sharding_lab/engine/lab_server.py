@@ -41,12 +41,16 @@ def serve(requests: IO[str], answers: IO[str], *, idle_timeout_s: float | None =
 def answer(line: str, pools: Pools, timeout_s: float) -> dict:
     from sharding_lab.engine.run_labs import run_lab
 
+    shape = 'a JSON object such as {"lab": "what-fsdp-shards", "world_size": 2, "device": "cpu"}'
     try:
         request = json.loads(line)
-        lab_id, world_size = request["lab"], request["world_size"]
-        device = request.get("device", "cpu")
-    except (ValueError, KeyError, TypeError) as error:
-        return {"error": f"bad request {line.strip()[:200]!r}: {error}"}
+    except (ValueError, RecursionError) as error:
+        return {"error": f"bad request {line.strip()[:200]!r}: not JSON ({error}); send {shape}"}
+    if not isinstance(request, dict):
+        return {"error": f"bad request {line.strip()[:200]!r}: {type(request).__name__}, not {shape}"}
+    if missing := [key for key in ("lab", "world_size") if key not in request]:
+        return {"error": f"bad request {line.strip()[:200]!r}: no {' or '.join(map(repr, missing))}; send {shape}"}
+    lab_id, world_size, device = request["lab"], request["world_size"], request.get("device", "cpu")
     if not isinstance(lab_id, str) or lab_id not in LABS:
         return {"error": f"unknown lab {lab_id!r}"}
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 2:
