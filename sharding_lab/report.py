@@ -161,8 +161,11 @@ def _print_footer(m: Measurement, console: Console) -> None:
 
 
 def step_time_text(m: Measurement) -> str:
-    """The median plain step, or why there is none."""
-    return "not timed (timed_steps=0)" if m.step_time_s is None else f"{m.step_time_s * 1000:.1f} ms"
+    """The median plain step, or why there is none; a rank view's says its collectives moved nothing."""
+    if m.step_time_s is None:
+        return "not timed (timed_steps=0)"
+    text = f"{m.step_time_s * 1000:.1f} ms"
+    return text + " (rank view: collectives answered without moving data)" if m.config.placement == "rank-view" else text
 
 
 def render_comparison(by_strategy: dict[str, Measurement], console: Console | None = None) -> None:

@@ -278,3 +278,14 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
     result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120)
     assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr
     assert "rc=1" in result.stderr
+
+
+def test_a_rank_views_step_time_says_its_collectives_moved_nothing():
+    from dataclasses import replace
+
+    from sharding_lab.report import step_time_text
+
+    measured = typed()["zero3"]
+    view = replace(measured, config=replace(measured.config, placement="rank-view"))
+    assert step_time_text(measured) == f"{measured.step_time_s * 1000:.1f} ms"
+    assert step_time_text(view) == f"{measured.step_time_s * 1000:.1f} ms (rank view: collectives answered without moving data)"
