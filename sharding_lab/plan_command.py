@@ -229,13 +229,14 @@ def _render(results) -> None:
     console = Console()
     first = results[0][0].request
     mesh = first.mesh
-    gpus = f"{mesh.replicas} replicas x {mesh.shards} shards (HSDP)" if mesh.replicas > 1 else f"{mesh.world_size} GPUs"
+    gpus = (f"{mesh.replicas:,} replicas x {mesh.shards:,} shards (HSDP)" if mesh.replicas > 1
+            else f"{mesh.world_size:,} GPU{'s' if mesh.world_size != 1 else ''}")
     options = [o for on, o in ((first.mixed_precision, "bf16 mixed precision"),
                                (first.activation_checkpointing, "activation checkpointing"),
                                (first.cpu_offload, "CPU offload"),
                                (first.grad_accum_steps > 1, f"{first.grad_accum_steps} micro-batches per step")) if on]
     console.print(
-        f"[bold]{first.model.label}[/bold], {results[0][0].num_params / 1e9:.3g}B params, on {gpus} of "
+        f"[bold]{first.model.label}[/bold], {results[0][0].num_params_label} params, on {gpus} of "
         f"{first.gpu_memory_gb:g} GB, micro-batch {first.micro_batch} x seq {first.seq}"
         + (f"; {', '.join(options)}" if options else "; fp32")
     )

@@ -24,7 +24,7 @@ from sharding_lab.model_config import SIZES, GPTConfig, parameter_shapes
 from sharding_lab.planner_comm import WIRE_DERIVATION, Collective, MeshDim, collectives_per_step
 from sharding_lab.planner_memory import Moment, StepShape, peak
 from sharding_lab.strategies import Strategy
-from sharding_lab.units import human_bytes
+from sharding_lab.units import human_bytes, param_count
 
 GB = 10**9  # GPU memory is given in decimal GB, as vendors state it: an H100 is 80 GB, an H200 141 GB
 DEFAULT_HEADROOM = 0.1  # a tenth of the GPU kept free for the CUDA context, NCCL and allocator slack
@@ -248,6 +248,10 @@ class Plan:
     @property
     def fits(self) -> bool:
         return self.peak.total <= self.request.usable_bytes
+
+    @property
+    def num_params_label(self) -> str:
+        return param_count(self.num_params)
 
     @property
     def largest_micro_batch_label(self) -> str:

@@ -193,6 +193,7 @@ def test_defaults_fill_what_the_url_leaves_out_and_flags_off_mean_off(client):
         ({"gpu_memory_gb": "-80"}, "gpu_memory_gb", "GPU memory (GB) must be positive"),
         ({"gpu_memory_gb": "lots"}, "gpu_memory_gb", "GPU memory (GB) must be a number, got &#39;lots&#39;"),
         ({"gpu_memory_gb": "nan"}, "gpu_memory_gb", "GPU memory (GB) must be a number"),
+        ({"gpu_memory_gb": "٨٠"}, "gpu_memory_gb", "GPU memory (GB) must be a number"),  # as gpus=٨ is refused
         ({"headroom": "100"}, "headroom", "Headroom (%) must be from 0 to 99"),
         ({"layers": "12.5", "size": "custom"}, "layers", "Layers must be a whole number"),
         ({"gpus": ""}, "gpus", "GPUs is required"),

@@ -348,3 +348,12 @@ def test_filing_difference_names_moved_gradients_and_lists_anything_else():
     assert filing_difference({**moved, "activations": 8}, filed_as_temporaries) == (
         "the categories differ, analytic against simulated: gradients 3.0 MiB more, activations 1 B more, "
         "temporaries 3.0 MiB less")
+
+
+@pytest.mark.parametrize(("count", "label"), [(999, "999"), (60_096, "60.1K"), (1_030_000, "1.03M"),
+                                              (6_860_000_000, "6.86B"), (65_300_000_000, "65.3B"),
+                                              (13_500 * 10**12, "13,500T")])
+def test_a_parameter_count_reads_in_three_figures_with_its_scale(count, label):
+    from sharding_lab.units import param_count
+
+    assert param_count(count) == label  # 1.35e16 once read "(1.35e+07B)"

@@ -134,8 +134,8 @@ def _number(f: Field, raw: str, errors: dict[str, str]) -> str:
         value: float = int(text)
         canonical = str(int(text))
     else:
-        try:
-            value = float(text)
+        try:  # ASCII only, as the whole numbers: float() would take other scripts' digits too
+            value = float(text) if text.isascii() else math.nan
         except ValueError:
             value = math.nan
         if not math.isfinite(value):
