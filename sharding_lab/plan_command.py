@@ -249,9 +249,10 @@ def _render(results) -> None:
             summary.add_column(column, justify="left" if column == "strategy" else "right")
         for analytic, simulated, _, deepspeed in results:
             summary.add_row(
-                str(analytic.request.strategy), f"{analytic.peak.total / GB:.2f}",
-                f"{simulated.peak.total / GB:.2f}" if simulated else "-", "yes" if analytic.fits else "NO",
-                analytic.largest_micro_batch_label, f"{deepspeed.gpu_bytes / GB:.2f}" if deepspeed else "-",
+                # Three significant figures: tiny's 1.6 MB peak read "0.00" with two decimals.
+                str(analytic.request.strategy), f"{analytic.peak.total / GB:.3g}",
+                f"{simulated.peak.total / GB:.3g}" if simulated else "-", "yes" if analytic.fits else "NO",
+                analytic.largest_micro_batch_label, f"{deepspeed.gpu_bytes / GB:.3g}" if deepspeed else "-",
                 human_bytes(sum(c.logical_bytes for c in analytic.communication)),
                 human_bytes(sum(c.wire_bytes_derived for c in analytic.communication)),
             )
