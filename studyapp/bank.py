@@ -391,9 +391,16 @@ def load_bank(path: str | Path | None = None) -> list[Deck]:
     decks: list[Deck] = []
     for file in files:
         try:
-            text = file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as error:
+            raw = file.read_bytes()
+            text = raw.decode("utf-8")
+        except OSError as error:
             problems.append(BankProblem(str(file), 0, None, None, f"cannot be read: {error}"))
+            continue
+        except UnicodeDecodeError as error:  # the line an editor shows, not a byte offset
+            line = raw.count(b"\n", 0, error.start) + 1
+            problems.append(BankProblem(str(file), line, None, None,
+                                        f"is not UTF-8: byte {raw[error.start]:#04x} cannot start or continue a "
+                                        "character (save the file as UTF-8)"))
             continue
         deck, deck_problems = parse_deck(text, str(file))
         problems.extend(deck_problems)

@@ -363,6 +363,14 @@ def problems_of(tmp_path: Path, text: str, name: str = "fsdp.yaml") -> list[Bank
     return refused.value.problems
 
 
+def test_a_file_that_is_not_utf8_names_the_line(tmp_path):
+    (tmp_path / "fsdp.yaml").write_bytes(b"id: fsdp\ntitle: Caf\xe9\nquestions: []\n")  # Latin-1
+    with pytest.raises(BankError) as refused:
+        load_bank(tmp_path)
+    [problem] = refused.value.problems
+    assert problem.line == 2 and "is not UTF-8: byte 0xe9" in problem.message
+
+
 def test_a_deck_file_that_is_a_list_says_so_in_yamls_words(tmp_path):
     [problem] = problems_of(tmp_path, "- id: fsdp\n- title: x\n")
     assert problem.line == 1 and problem.message.endswith("got a list")  # not the loader's class, _Sequence
