@@ -113,8 +113,17 @@ def run_measure(args: argparse.Namespace) -> int:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    runs = [_run_config(args, strategy, fsdp_options_only_where_they_apply=True) for strategy in STRATEGIES]
-    names = ", ".join(map(str, STRATEGIES))
+    from sharding_lab.engine.launch import under_torchrun
+
+    strategies = list(STRATEGIES)
+    if args.mixed_precision and args.device != "cuda" and not under_torchrun():
+        # DDP's mixed precision needs CUDA (measure refuses it): compare what can run, and say so.
+        left_out = [s for s in strategies if s.uses_ddp]
+        strategies = [s for s in strategies if not s.uses_ddp]
+        print(f"sharding-lab: {', '.join(map(str, left_out))} left out: DDP's mixed precision needs CUDA "
+              f"(its CUDA events); comparing {', '.join(map(str, strategies))}", file=sys.stderr)
+    runs = [_run_config(args, strategy, fsdp_options_only_where_they_apply=True) for strategy in strategies]
+    names = ", ".join(map(str, strategies))
     measurements = _measure(runs, args, f"measuring {names} on {args.world_size} ranks")
     if measurements[0] is None:
         return 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -181,7 +182,11 @@ def _strategies(args: argparse.Namespace) -> list[Strategy]:
 def run_plan(args: argparse.Namespace, simulate: Simulator | None) -> int:
     """Arguments in, one report out: a table per strategy, or one JSON object."""
     results = []
-    for strategy in _strategies(args):
+    strategies = _strategies(args)
+    if left_out := [str(s) for s in STRATEGIES if s not in strategies and args.strategy == "all"]:
+        print(f"sharding-lab plan: {', '.join(left_out)} left out: CPU offload and HSDP are FSDP2's "
+              f"(planning {', '.join(map(str, strategies))})", file=sys.stderr)
+    for strategy in strategies:
         request = _request(args, strategy)
         analytic = plan_analytic(request)
         simulated, unavailable = None, None

@@ -140,3 +140,9 @@ def test_a_shape_takes_its_length_from_seq_len_and_a_shorter_sequence_from_seq(c
     shorter = json.loads(out)["strategies"]["zero3"]["analytic"]
     assert longer["num_params"] == shorter["num_params"] == 2 * (12 * 64 * 64 + 13 * 64) + 2 * 512 * 64 + 128 * 64 + 2 * 64
     assert longer["request"]["seq"] == 128
+
+
+def test_all_with_cpu_offload_says_which_strategies_it_left_out(capsys):
+    code, out, err = run(["--size", "mini", "--gpus", "8", "--strategy", "all", "--cpu-offload", "--json"], capsys)
+    assert code == 0 and list(json.loads(out)["strategies"]) == ["zero2", "zero3"]
+    assert "ddp, zero1 left out: CPU offload and HSDP are FSDP2's (planning zero2, zero3)" in err

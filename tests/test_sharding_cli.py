@@ -289,3 +289,13 @@ def test_a_rank_views_step_time_says_its_collectives_moved_nothing():
     view = replace(measured, config=replace(measured.config, placement="rank-view"))
     assert step_time_text(measured) == f"{measured.step_time_s * 1000:.1f} ms"
     assert step_time_text(view) == f"{measured.step_time_s * 1000:.1f} ms (rank view: collectives answered without moving data)"
+
+
+@pytest.mark.slow
+def test_compare_with_mixed_precision_on_cpu_compares_what_can_run_and_says_what_it_left_out(capsys):
+    assert cli.main(["compare", "--world-size", "2", "--mixed-precision", "--json"]) == 0
+    captured = capsys.readouterr()
+    strategies = json.loads(captured.out)["strategies"]
+    assert list(strategies) == ["zero2", "zero3"]  # DDP's mixed precision needs CUDA
+    assert all(m["config"]["mixed_precision"] for m in strategies.values())
+    assert "ddp, zero1 left out: DDP's mixed precision needs CUDA" in captured.err
