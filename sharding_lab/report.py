@@ -87,7 +87,7 @@ def _title(m: Measurement) -> str:
         extras.append(f"{c.grad_accum_steps} micro-batches per step")
     tied = " with a tied head" if c.model.get("tied") else ""
     return (
-        f"{c.strategy} on {c.world_size} ranks ({c.backend}, {c.device}), {c.size}{tied}: "
+        f"{c.strategy} on {c.world_size} rank{'s' if c.world_size != 1 else ''} ({c.backend}, {c.device}), {c.size}{tied}: "
         f"{c.num_params:,} params, {c.n_blocks} blocks, micro-batch {c.batch_size_per_rank} x seq {c.seq_len}"
         + (f"; {', '.join(extras)}" if extras else "")
     )
@@ -174,7 +174,7 @@ def render_comparison(by_strategy: dict[str, Measurement], console: Console | No
     table = Table(
         title=f"Strategies side by side: {first.size} ({first.num_params:,} params), "
         f"micro-batch {first.batch_size_per_rank} x seq {first.seq_len}, "
-        f"{first.world_size} ranks, {first.backend}; rank 0, measured (predicted)"
+        f"{first.world_size} rank{'s' if first.world_size != 1 else ''}, {first.backend}; rank 0, measured (predicted)"
     )
     table.add_column("")
     for strategy in by_strategy:
