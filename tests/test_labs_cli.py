@@ -40,7 +40,8 @@ def test_list_as_a_table_names_every_lab(capsys):
         (["run", "no-such-lab"], "no-such-lab"),
         (["run", "adam-optimizer-state", "--world-size", "1"], "--world-size must be at least 2"),
         (["run", "adam-optimizer-state", "--export", "{tmp}"], "--export {tmp} is a folder; give a file path"),
-        (["run", "adam-optimizer-state", "--export", "{tmp}/none/x.json"], "there is no folder {tmp}/none"),
+        (["run", "adam-optimizer-state", "--export", "{tmp}/a-file/x.json"],
+         "--export {tmp}/a-file/x.json: {tmp}/a-file is a file, so no folder can be made in it"),
         (["at-scale", "no-such-lab"], "sharding-lab at-scale: "),
     ],
 )
@@ -48,6 +49,7 @@ def test_run_refuses_a_missing_extra_or_unknown_lab_before_running(argv, message
     from sharding_lab.labs import commands
 
     monkeypatch.setattr(commands, "_run_with_progress", lambda *a, **k: pytest.fail("ran before refusing"))
+    (tmp_path / "a-file").write_text("")
     assert cli.main([a.format(tmp=tmp_path) for a in argv]) == 2  # a usage error, as argparse's: 1 is a failed claim
     err = capsys.readouterr().err
     assert message.format(tmp=tmp_path) in err and "Traceback" not in err

@@ -162,8 +162,9 @@ def _export_problem(path: str) -> str | None:
     target = Path(path)
     if target.is_dir():
         return f"--export {path} is a folder; give a file path such as {target / 'lab-results.json'}"
-    if not target.parent.is_dir():
-        return f"--export {path}: there is no folder {target.parent}"
+    folder = next(p for p in target.parents if p.exists())  # missing folders below it are made
+    if not folder.is_dir():
+        return f"--export {path}: {folder} is a file, so no folder can be made in it"
     return None
 
 
