@@ -79,13 +79,14 @@ def test_a_traceback_that_cannot_be_saved_still_leaves_a_one_line_error(monkeypa
 @pytest.mark.parametrize(
     "argv",
     [["measure", "--strategy", "zero3", "--timeout", "0"], ["compare", "--timeout", "-5"],
-     ["serve-labs", "--timeout", "nan"], ["serve-labs", "--idle-timeout", "0"]],
+     ["serve-labs", "--timeout", "nan"], ["serve-labs", "--idle-timeout", "0"],
+     ["measure", "--strategy", "zero3", "--timeout", "inf"]],  # inf once reached a rank as an OverflowError
 )
 def test_a_timeout_that_is_not_a_positive_number_is_a_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(argv)
     assert exit_info.value.code == 2
-    assert "timeout: must be a positive number" in capsys.readouterr().err
+    assert "timeout: must be a positive, finite number" in capsys.readouterr().err
 
 
 def test_a_refused_combination_is_a_usage_error_before_any_rank_starts(capsys):
