@@ -21,13 +21,8 @@ from sharding_lab.cli_args import at_most, positive_float
 from sharding_lab.deepspeed_formula import DeepSpeedEstimate, deepspeed_estimate, largest_layer_params
 from sharding_lab.model_config import SIZES, config_for
 from sharding_lab.planner import (
+    BOUNDS,
     GB,
-    MAX_DIM,
-    MAX_GPU_MEMORY_GB,
-    MAX_GPUS,
-    MAX_GRAD_ACCUM,
-    MAX_LAYERS,
-    MAX_MICRO_BATCH,
     Category,
     Figure,
     Mesh,
@@ -162,8 +157,8 @@ def _request(args: argparse.Namespace, strategy: Strategy) -> PlanRequest:
     if args.tied and args.size is not None:
         model = replace(model, tied=True)
     mesh = Mesh.parse(args.mesh) if args.mesh is not None else Mesh.of(args.gpus)
-    if mesh.world_size > MAX_GPUS:
-        raise ValueError(f"--mesh {args.mesh} is {mesh.world_size:,} GPUs, more than the {MAX_GPUS:,} a plan takes")
+    if mesh.world_size > BOUNDS.gpus:
+        raise ValueError(f"--mesh {args.mesh} is {mesh.world_size:,} GPUs, more than the {BOUNDS.gpus:,} a plan takes")
     return PlanRequest(
         model, mesh, args.gpu_memory_gb, micro_batch=args.micro_batch, seq=args.seq, strategy=strategy,
         mixed_precision=args.mixed_precision, activation_checkpointing=args.activation_checkpointing,
@@ -320,28 +315,28 @@ def register(subparsers, *, simulate: Simulator | None = None) -> None:
     )
     model = parser.add_argument_group("model: a named size, or its shape")
     model.add_argument("--size", help="a named size (tiny, mini, gpt2-small, ..., 1b, 7b, 70b)")
-    model.add_argument("--layers", type=at_most(MAX_LAYERS))
-    model.add_argument("--width", type=at_most(MAX_DIM))
-    model.add_argument("--heads", type=at_most(MAX_DIM))
-    model.add_argument("--vocab", type=at_most(MAX_DIM))
-    model.add_argument("--seq-len", type=at_most(MAX_DIM),
+    model.add_argument("--layers", type=at_most(BOUNDS.layers))
+    model.add_argument("--width", type=at_most(BOUNDS.dim))
+    model.add_argument("--heads", type=at_most(BOUNDS.dim))
+    model.add_argument("--vocab", type=at_most(BOUNDS.dim))
+    model.add_argument("--seq-len", type=at_most(BOUNDS.dim),
                        help="the shape's longest sequence (its position embedding); default --seq")
     model.add_argument("--tied", action="store_true", help="lm_head shares the embedding's weight")
     gpus = parser.add_mutually_exclusive_group(required=True)
-    gpus.add_argument("--gpus", type=at_most(MAX_GPUS), help="data-parallel GPUs N (a 1-D mesh)")
+    gpus.add_argument("--gpus", type=at_most(BOUNDS.gpus), help="data-parallel GPUs N (a 1-D mesh)")
     gpus.add_argument("--mesh", help="HSDP mesh REPLICASxSHARDS, e.g. 8x8")
-    parser.add_argument("--gpu-memory-gb", type=at_most(MAX_GPU_MEMORY_GB, positive_float), default=80.0,
+    parser.add_argument("--gpu-memory-gb", type=at_most(BOUNDS.gpu_memory_gb, positive_float), default=80.0,
                         help="memory per GPU in decimal GB (1e9 B): 80 (H100), 141 (H200); default 80")
     parser.add_argument("--headroom", type=float, default=0.1,
                         help="fraction of GPU memory kept free (default 0.1)")
-    parser.add_argument("--micro-batch", type=at_most(MAX_MICRO_BATCH), default=1, help="sequences per GPU per forward")
-    parser.add_argument("--seq", type=at_most(MAX_DIM),
+    parser.add_argument("--micro-batch", type=at_most(BOUNDS.micro_batch), default=1, help="sequences per GPU per forward")
+    parser.add_argument("--seq", type=at_most(BOUNDS.dim),
                         help="tokens per sequence (default the model's length)")
     parser.add_argument("--strategy", default="zero3", choices=[*NAMES, "all"], help="one strategy, or all")
     parser.add_argument("--mixed-precision", action="store_true", help="bf16 compute, fp32 reduction and master")
     parser.add_argument("--activation-checkpointing", action="store_true", help="checkpoint every block")
     parser.add_argument("--cpu-offload", action="store_true", help="FSDP2 CPUOffloadPolicy (zero2, zero3)")
-    parser.add_argument("--grad-accum", type=at_most(MAX_GRAD_ACCUM), default=1, help="micro-batches per optimizer step")
+    parser.add_argument("--grad-accum", type=at_most(BOUNDS.grad_accum), default=1, help="micro-batches per optimizer step")
     parser.add_argument("--simulate", action="store_true", help="add the FSDP2 simulation (slow: seconds to a minute)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.set_defaults(func=lambda args: run_plan(args, simulate))

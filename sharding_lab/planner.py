@@ -28,15 +28,23 @@ from sharding_lab.units import human_bytes, param_count
 
 GB = 10**9  # GPU memory is given in decimal GB, as vendors state it: an H100 is 80 GB, an H200 141 GB
 DEFAULT_HEADROOM = 0.1  # a tenth of the GPU kept free for the CUDA context, NCCL and allocator slack
-MAX_MICRO_BATCH = 1 << 20  # the largest micro-batch searched for
-# Bounds on one plan's inputs, for the app's page and the CLI alike: the largest case, 1024 narrow
-# layers at 131,072 GPUs, plans all four strategies in 1.7 s on 2 cores (70b at 1024 GPUs: 35 ms).
-# Work grows with the GPUs (ZeRO-1's partition is laid out per rank) and the layers.
-MAX_LAYERS = 1024
-MAX_GPUS = 131_072
-MAX_DIM = 1 << 20  # width, vocabulary, sequence length
-MAX_GRAD_ACCUM = 4096
-MAX_GPU_MEMORY_GB = 10_000
+
+
+@dataclass(frozen=True)
+class PlanBounds:
+    """Bounds on one plan's inputs, for the app's page and the CLI alike. The largest case, 1024 narrow
+    layers at 131,072 GPUs, plans all four strategies in 1.7 s on 2 cores (70b at 1024 GPUs: 35 ms).
+    Work grows with the GPUs (ZeRO-1's partition is laid out per rank) and the layers."""
+
+    layers: int = 1024
+    gpus: int = 131_072
+    dim: int = 1 << 20  # width, heads, vocabulary, sequence length
+    grad_accum: int = 4096
+    gpu_memory_gb: float = 10_000
+    micro_batch: int = 1 << 20  # also the largest micro-batch the search tries
+
+
+BOUNDS = PlanBounds()
 
 
 class Method(str, Enum):
@@ -387,12 +395,12 @@ def largest_micro_batch(request: PlanRequest) -> int:
     # the search starts from the guess that extrapolates 1 and 2 and gallops from there: a few steps
     # where the allocator's rounding bends the line. Exact either way: the peak grows with b.
     per_sequence = total(2) - one
-    guess = 1 if per_sequence <= 0 else min(MAX_MICRO_BATCH, 1 + (usable - one) // per_sequence)
+    guess = 1 if per_sequence <= 0 else min(BOUNDS.micro_batch, 1 + (usable - one) // per_sequence)
     if fits(guess):
         low, step = guess, 1
-        while low + step <= MAX_MICRO_BATCH and fits(low + step):
+        while low + step <= BOUNDS.micro_batch and fits(low + step):
             low, step = low + step, step * 2
-        high = min(low + step, MAX_MICRO_BATCH + 1)  # does not fit, or is past the bound
+        high = min(low + step, BOUNDS.micro_batch + 1)  # does not fit, or is past the bound
     else:
         high, step = guess, 1
         while high - step >= 1 and not fits(high - step):

@@ -4,6 +4,7 @@ the same command under torchrun, and a failed rank turned into a clear error and
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -188,11 +189,12 @@ def test_compare_json_holds_every_strategy_from_one_launch(capsys):
 # Three launches: when the results crossed in gloo collectives, a rank aborted at exit in 3 of 8 launches
 # ("terminate called without an active exception", gloo's thread dropping a tensor during shutdown).
 @pytest.mark.parametrize("launch", range(3))
-def test_the_same_command_runs_under_torchrun_and_only_rank_0_prints(launch):
+def test_the_same_command_runs_under_torchrun_and_only_rank_0_prints(launch, tmp_path):
     completed = subprocess.run(
         [str(VENV_BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", "-m", "sharding_lab.cli",
          "measure", "--strategy", "zero2", "--world-size", "2", "--json"],
         capture_output=True, text=True, timeout=120,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # torchrun leaves its torchelastic_* log folder behind
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "terminate called" not in completed.stderr

@@ -23,13 +23,8 @@ from werkzeug.datastructures import MultiDict
 from sharding_lab.model_config import SIZES
 from sharding_lab.plan_command import simulation_unavailable
 from sharding_lab.planner import (
+    BOUNDS,
     GB,
-    MAX_DIM,
-    MAX_GPU_MEMORY_GB,
-    MAX_GPUS,
-    MAX_GRAD_ACCUM,
-    MAX_LAYERS,
-    MAX_MICRO_BATCH,
     Category,
     Mesh,
     ModelShape,
@@ -72,7 +67,7 @@ class Field:
     default: str
     kind: str = "int"  # int, float, flag, choice, mesh
     minimum: float = 1
-    maximum: float = MAX_DIM
+    maximum: float = BOUNDS.dim
     hint: str = ""
     positive: bool = False  # a float that must be above 0 (its minimum then is only for the range message)
 
@@ -80,23 +75,23 @@ class Field:
 _SEVEN_B = SIZES["7b"]
 FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("size", "Model", "7b", "choice", hint="a named size, or “custom shape” to use the shape below"),
-    Field("layers", "Layers", str(_SEVEN_B.n_layer), maximum=MAX_LAYERS),
+    Field("layers", "Layers", str(_SEVEN_B.n_layer), maximum=BOUNDS.layers),
     Field("width", "Width", str(_SEVEN_B.n_embd)),
     Field("heads", "Heads", str(_SEVEN_B.n_head), hint="must divide the width"),
     Field("vocab", "Vocabulary", str(_SEVEN_B.vocab_size)),
     Field("seq_len", "Model sequence length", str(_SEVEN_B.block_size), hint="the longest sequence it takes"),
     Field("tied", "Tied embedding and head", "", "flag"),
-    Field("gpus", "GPUs", "64", maximum=MAX_GPUS),
+    Field("gpus", "GPUs", "64", maximum=BOUNDS.gpus),
     Field("mesh", "HSDP mesh (replicas x shards)", "", "mesh",
           hint="optional, e.g. 8x8; must make up the GPUs (an empty GPUs field takes it)"),
-    Field("gpu_memory_gb", "GPU memory (GB)", "80", "float", minimum=0, maximum=MAX_GPU_MEMORY_GB,
+    Field("gpu_memory_gb", "GPU memory (GB)", "80", "float", minimum=0, maximum=BOUNDS.gpu_memory_gb,
           hint="decimal GB per GPU: 80 for an H100, 141 for an H200", positive=True),
     Field("headroom", "Headroom (%)", "10", "float", minimum=0, maximum=99,
           hint="kept free for the CUDA context, NCCL and the allocator"),
-    Field("micro_batch", "Micro-batch", "1", maximum=MAX_MICRO_BATCH, hint="sequences per GPU per forward"),
+    Field("micro_batch", "Micro-batch", "1", maximum=BOUNDS.micro_batch, hint="sequences per GPU per forward"),
     Field("seq", "Sequence", "", hint="tokens per sequence; empty: the model's sequence length"),
     Field("strategy", "Your strategy", "zero3", "choice", hint="its verdict comes first; all four are shown"),
-    Field("grad_accum", "Gradient-accumulation steps", "1", maximum=MAX_GRAD_ACCUM),
+    Field("grad_accum", "Gradient-accumulation steps", "1", maximum=BOUNDS.grad_accum),
     Field("mixed_precision", "bf16 mixed precision", "", "flag"),
     Field("activation_checkpointing", "Activation checkpointing (per block)", "", "flag"),
     Field("cpu_offload", "CPU offload (FSDP2's CPUOffloadPolicy)", "", "flag"),
@@ -216,8 +211,8 @@ def _check_together(inputs: Inputs) -> None:
         errors.setdefault("heads", f"Heads ({heads}) must divide the width ({width}).")
     mesh_gpus = math.prod(map(int, v["mesh"].split("x"))) if v["mesh"] and "mesh" not in errors else None
     if mesh_gpus and v["gpus"] == "":  # only the mesh given: it says how many GPUs
-        if mesh_gpus > MAX_GPUS:
-            errors["mesh"] = f"HSDP mesh {v['mesh']} is {mesh_gpus:,} GPUs, more than {MAX_GPUS:,}."
+        if mesh_gpus > BOUNDS.gpus:
+            errors["mesh"] = f"HSDP mesh {v['mesh']} is {mesh_gpus:,} GPUs, more than {BOUNDS.gpus:,}."
         else:
             errors.pop("gpus", None)
             v["gpus"] = str(mesh_gpus)
