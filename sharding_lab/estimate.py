@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal, InvalidOperation
 
 from sharding_lab.analytic import (
@@ -227,6 +228,12 @@ def _render_simulation(result, console) -> None:
     )
 
 
+def _refused(message: str) -> SystemExit:
+    """A request refused before anything ran: said on stderr, exit status 2, as argparse's own."""
+    print(f"sharding-lab estimate: {message}", file=sys.stderr)
+    return SystemExit(2)
+
+
 def _simulate_with_progress(args: argparse.Namespace):
     """Run the simulation (zero3) behind a spinner on stderr (a terminal only); bad sizes exit with a message."""
     from rich.console import Console
@@ -244,7 +251,7 @@ def _simulate_with_progress(args: argparse.Namespace):
         with status_console.status(f"Simulating {args.size} at {args.world_size} ranks on fake tensors..."):
             return simulate(config)
     except ValueError as error:  # unknown size, or a sequence longer than the model's block_size
-        raise SystemExit(f"sharding-lab estimate: {error}") from None
+        raise _refused(str(error)) from None
 
 
 def _refuse_unused(args: argparse.Namespace) -> None:
@@ -254,13 +261,13 @@ def _refuse_unused(args: argparse.Namespace) -> None:
         unused = [f for f, given in (("--params", args.params is not None), ("--world-size", args.world_size is not None),
                                       ("--simulate", args.simulate)) if given] + simulation_only
         if unused:
-            raise SystemExit(f"sharding-lab estimate: --table1 reproduces the paper's table as it stands; "
+            raise _refused(f"--table1 reproduces the paper's table as it stands; "
                              f"it takes no {' '.join(unused)}")
     elif args.simulate and args.params is not None:
-        raise SystemExit("sharding-lab estimate: --simulate counts the parameters of the model --size names "
+        raise _refused("--simulate counts the parameters of the model --size names "
                          "(default tiny); --params is for the analytic estimate without it")
     elif not args.simulate and simulation_only:
-        raise SystemExit(f"sharding-lab estimate: {' '.join(simulation_only)} shape the --simulate run; "
+        raise _refused(f"{' '.join(simulation_only)} shape the --simulate run; "
                          "without --simulate the estimate takes --params")
 
 
@@ -279,13 +286,13 @@ def run_estimate(args: argparse.Namespace) -> int:
         return 0
 
     if args.world_size is None:
-        raise SystemExit("sharding-lab estimate: --world-size is required (or use --table1)")
+        raise _refused("--world-size is required (or use --table1)")
     simulation = None
     if args.simulate:
         simulation = _simulate_with_progress(args)
         num_params = simulation.num_params
     elif args.params is None:
-        raise SystemExit("sharding-lab estimate: --params is required (or use --simulate --size NAME, or --table1)")
+        raise _refused("--params is required (or use --simulate --size NAME, or --table1)")
     else:
         num_params = args.params
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from sharding_lab.analytic import FP32_ADAM_BYTES
 from sharding_lab.model_config import config_for, num_params
+from sharding_lab.planner import BOUNDS
 from sharding_lab.run_config import RunConfig
 from sharding_lab.strategies import MODEL_STATE_PARTS
 from sharding_lab.units import human_bytes
@@ -69,6 +70,14 @@ def available_bytes(meminfo: Path = MEMINFO, cgroup: Path = CGROUP) -> int | Non
 RANK_PROCESS_BYTES = 128 * 2**20
 
 
+def _plan_instead(config: RunConfig) -> str:
+    """Where a large world's figures come from without running it: the planner, within its bounds."""
+    if config.world_size > BOUNDS.gpus:
+        return f"or plan it without running at up to {BOUNDS.gpus:,} GPUs: `sharding-lab plan --size {config.size}`."
+    return (f"or get a large world's figures without running from "
+            f"`sharding-lab plan --size {config.size} --gpus {config.world_size}`.")
+
+
 def check_fits(configs: Sequence[RunConfig], available: int | None, processes: int) -> None:
     """Raise HostMemoryTooSmall, with the figures, when the `processes` rank processes this launch starts,
     plus (CPU ranks) the first configuration's model states, exceed `available` bytes (None: unknown,
@@ -89,8 +98,7 @@ def check_fits(configs: Sequence[RunConfig], available: int | None, processes: i
                 f"(measured), {human_bytes(ranks_bytes)} for all of them"
                 + (f", plus {human_bytes(states)} for model states" if states else "")
                 + f"; this machine has {human_bytes(available)} available. Choose a smaller --world-size, "
-                f"or get a large world's figures without running from "
-                f"`sharding-lab plan --size {config.size} --gpus {config.world_size}`."
+                + _plan_instead(config)
             )
         raise HostMemoryTooSmall(
             f"{on} ({_num_params(config):,} parameters) needs "

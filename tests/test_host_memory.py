@@ -8,6 +8,7 @@ import pytest
 
 from sharding_lab import cli
 from sharding_lab.host_memory import HostMemoryTooSmall, available_bytes, check_fits, model_states_floor
+from sharding_lab.planner import BOUNDS
 from sharding_lab.run_config import RunConfig
 
 
@@ -78,6 +79,19 @@ def test_more_rank_processes_than_the_host_can_start_are_refused_for_any_model()
     with pytest.raises(HostMemoryTooSmall, match="starts 100,000 rank processes"):  # on GPUs too: host processes
         check_fits([many.replace(device="cuda")], available=64 * 2**30, processes=100_000)
     check_fits([many], available=64 * 2**30, processes=1)  # a rank view is one process: it fits
+
+
+def test_past_the_planners_bound_the_refusal_suggests_no_plan_the_planner_would_refuse():
+    beyond = RunConfig.of("zero3", world_size=BOUNDS.gpus + 1)
+    with pytest.raises(HostMemoryTooSmall) as refused:
+        check_fits([beyond], available=64 * 2**30, processes=beyond.world_size)
+    message = str(refused.value)
+    assert f"--gpus {beyond.world_size}" not in message
+    assert "at up to 131,072 GPUs: `sharding-lab plan --size tiny`" in message
+    # and the planner's CLI does refuse that many
+    with pytest.raises(SystemExit) as usage:
+        cli.main(["plan", "--size", "tiny", "--gpus", str(beyond.world_size)])
+    assert usage.value.code == 2
 
 
 def test_the_cli_refuses_a_world_no_host_can_start_before_any_rank_starts(capsys):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 
 import pytest
 from sharding_measurements import WIDE_TIED
@@ -186,9 +187,11 @@ def test_cli_table(capsys):
     assert "peak host RSS" in out
 
 
-def test_cli_names_the_sizes_for_an_unknown_one():
-    with pytest.raises(SystemExit, match="unknown model size 'huge'.*tiny"):
+def test_cli_names_the_sizes_for_an_unknown_one(capsys):
+    with pytest.raises(SystemExit) as exit_info:
         run_estimate_cli(["--simulate", "--size", "huge", "--world-size", "2"])
+    assert exit_info.value.code == 2
+    assert re.search("unknown model size 'huge'.*tiny", capsys.readouterr().err)
 
 
 @pytest.mark.slow
