@@ -302,6 +302,13 @@ def case_distractor_without_why_wrong() -> Case:
     return Case(edit, [(edit.line("- text: More replicated parameters"), q(8), "choices[2].why_wrong")], "needs a one-line 'why_wrong'")
 
 
+def case_why_wrong_of_two_lines() -> Case:
+    # A literal block keeps its line break; the reason is shown as one line beside its choice.
+    edit = Edit().replace("why_wrong: FSDP replicates fewer parameters, not more,",
+                          "why_wrong: |\n          FSDP replicates fewer parameters, not more,\n         ")
+    return Case(edit, [(edit.line("why_wrong: |", within=q(8)), q(8), "choices[2].why_wrong")], "must be one line, got 2")
+
+
 def case_duplicate_yaml_key() -> Case:
     edit = Edit().insert_after("prompt: What is a central systems tradeoff", "    prompt: Asked twice?", within=q(8))
     return Case(edit, [(edit.line("prompt: Asked twice?"), q(8), "prompt")], "duplicate key 'prompt'")
