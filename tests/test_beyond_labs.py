@@ -93,7 +93,10 @@ def test_ddp_buckets_close_at_the_first_cap_then_the_cap():
     assert bucket_sizes([mib, mib // 2, mib // 2]) == [mib, mib]
     assert bucket_sizes([mib // 2] * 3) == [mib, mib // 2]  # two halves reach 1 MiB: the first bucket closes
     assert bucket_sizes([600_000] * 3) == [1_200_000, 600_000]  # crossed by the second gradient
-    assert bucket_sizes([30 * mib, mib]) == [30 * mib, mib]  # a gradient above the cap: a bucket of its own
+    assert bucket_sizes([30 * mib, mib]) == [30 * mib, mib]  # above the cap and first in its bucket: alone
+    # above the cap with a bucket open: it joins that bucket and closes it, as torch's own
+    # _compute_bucket_assignment_by_size([2, 10, 30 MiB], [1, 25 MiB]) gives [[0], [1, 2]]
+    assert bucket_sizes([2 * mib, 10 * mib, 30 * mib]) == [2 * mib, 40 * mib]
     assert bucket_sizes([mib, 24 * mib, 2 * mib, mib]) == [mib, 26 * mib, mib]
     # mini: lm_head's 4096 x 64 fp32 gradient (exactly 1 MiB) comes first and fills the first bucket alone.
     order = ready_order_bytes(config_for("mini"))

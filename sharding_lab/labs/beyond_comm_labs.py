@@ -200,7 +200,9 @@ def bucket_sizes(
 ) -> list[int]:
     """Bytes of each bucket DDP builds from gradients in the order backward produces them: a bucket takes
     gradients until it holds at least its cap (the first `first_cap`, later ones `cap`), so a gradient
-    bigger than the cap closes a bucket of its own. (One dtype and device here; DDP buckets each apart.)"""
+    bigger than the cap joins the open bucket and closes it. (One dtype and device here; DDP buckets each
+    apart.) This is the layout DDP rebuilds after its first step; the first step, with the default
+    find_unused_parameters=False, all-reduces every gradient in one bucket."""
     buckets, current, limit = [], 0, first_cap
     for size in gradient_bytes:
         current += size
@@ -302,7 +304,9 @@ def report_buckets(a: Buckets) -> Report:
         f"and {len(wide.measured)} for a wider one's {human_bytes(4 * wide.psi)} "
         f"({' + '.join(human_bytes(b) for b in wide.measured)}). The first bucket closes at 1 MiB so the first "
         f"all-reduce can start early in backward (here the lm_head's gradient alone fills it), later ones at "
-        f"bucket_cap_mb = 25 MiB; a gradient bigger than the cap gets a bucket of its own. Every measured bucket "
+        f"bucket_cap_mb = 25 MiB; a gradient bigger than the cap joins the open bucket and closes it. This is "
+        f"the layout DDP rebuilds after its first step (that step, with find_unused_parameters=False, the "
+        f"default, all-reduces every gradient in one bucket). Every measured bucket "
         f"matched that rule applied to the parameter shapes in backward's order. By the same rule (derived): "
         f"{scale}. Fewer, bigger all-reduces cost less latency; smaller buckets start overlapping backward sooner."
     )
