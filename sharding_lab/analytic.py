@@ -80,6 +80,7 @@ def model_states_bytes_per_rank(
 # Element sizes on the wire. The paper's mixed precision moves fp16 everywhere (2 B); FSDP2's
 # MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), as this engine runs it, all-gathers bf16
 # parameters (2 B) but reduce-scatters fp32 gradients (4 B); DDP's mixed precision reduces in fp32 too.
+# reduce_dtype=fp32 is this engine's choice: FSDP2's default (None) reduces in param_dtype, bf16.
 FP32_WIRE = {"gather": 4, "reduce": 4}
 PAPER_MIXED_PRECISION_WIRE = {"gather": 2, "reduce": 2}
 PYTORCH_MIXED_PRECISION_WIRE = {"gather": 2, "reduce": 4}
@@ -155,6 +156,15 @@ def fsdp_shard_numel(shape: Sequence[int], world_size: int) -> int:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     dims = tuple(shape) or (1,)
     return -(-dims[0] // world_size) * math.prod(dims[1:])
+
+
+def fsdp_rank_numel(shape: Sequence[int], world_size: int, rank: int) -> int:
+    """Elements rank `rank` really holds of a parameter, padding left out: FSDP2 splits dim 0 as
+    torch.chunk does, ceil(dim0/N) rows per rank until the rows run out, so the last ranks may hold
+    fewer rows, or none."""
+    dims = tuple(shape) or (1,)
+    rows = -(-dims[0] // world_size)
+    return max(0, min(rows, dims[0] - rank * rows)) * math.prod(dims[1:])
 
 
 def fsdp_padded_numel(shapes: Iterable[Sequence[int]], world_size: int) -> int:

@@ -117,7 +117,7 @@ CATALOG: tuple[LabInfo, ...] = (
     LabInfo(
         "fsdp2-mixed-precision",
         "FSDP2's mixed precision: which copy has which dtype",
-        "FSDP2's mixed precision keeps fp32 parameter shards, gradients and Adam state (4/4/8 bytes per parameter, not the paper's 2/2/12), all-gathers bf16 copies for compute and reduce-scatters fp32 gradients.",
+        "FSDP2's mixed precision keeps fp32 parameter shards, gradients and Adam state (4/4/8 bytes per parameter, not the paper's 2/2/12), all-gathers bf16 copies for compute and, with reduce_dtype=fp32 as configured here, reduce-scatters fp32 gradients.",
         ("beyond-fsdp2-mixed-precision",),
     ),
     LabInfo(
@@ -147,7 +147,7 @@ CATALOG: tuple[LabInfo, ...] = (
     LabInfo(
         "ring-all-reduce",
         "A ring all-reduce is a reduce-scatter plus an all-gather",
-        "DDP's all-reduce and ZeRO-2's reduce-scatter plus all-gather move the same bytes: each rank sends 2(N-1)/N of the gradient bytes per step.",
+        "DDP's all-reduce and ZeRO-2's reduce-scatter plus all-gather carry the same logical bytes per step, so by the ring formulas each rank sends 2(N-1)/N of the gradient bytes for either.",
         ("beyond-ring-all-reduce",),
     ),
     LabInfo(

@@ -161,7 +161,7 @@ def _render_analytic(report: dict, console) -> None:
         )
     console.print(table)
     if report["mixed_precision"]:
-        pytorch = Table(title="Communication per step with PyTorch's mixed precision (bf16 gathers, fp32 reductions)")
+        pytorch = Table(title="Communication per step with PyTorch's mixed precision as the engine runs it (bf16 gathers, fp32 reductions)")
         for column in ("strategy", "comm/step", "wire"):
             pytorch.add_column(column, justify="left" if column == "strategy" else "right")
         for strategy, figures in report["strategies"].items():

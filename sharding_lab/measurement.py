@@ -118,6 +118,9 @@ class RankMemory:
     gathered_with_buffers_peak_bytes: int = 0
     # The same while a block after the first runs: the root's own all-gather, often heavier, left out.
     gathered_with_buffers_later_blocks_peak_bytes: int = 0
+    # The device type(s) the parameter shards, gradients and Adam state are on between steps: "cuda", or
+    # "cpu" under CPU offload ("cpu" on CPU ranks either way); "" in files from before it.
+    states_device: str = ""
 
     def part_bytes(self, part: str) -> int:
         return {"params": self.params_bytes, "grads": self.grads_bytes, "optimizer": self.optimizer_bytes}[part]

@@ -44,6 +44,12 @@ SIZES: dict[str, GPTConfig] = {
 }
 
 
+def size_label(name: str) -> str:
+    """A named size as findings print it: gpt2-small says it is untied, since GPT-2's own 124M ties
+    its head to the embedding and so has other shares of Ψ."""
+    return "gpt2-small (untied, 163M)" if name == "gpt2-small" else name
+
+
 def config_for(name: str, **overrides) -> GPTConfig:
     """The named size, with any field overridden (e.g. `config_for("tiny", n_layer=2)`)."""
     if name not in SIZES:

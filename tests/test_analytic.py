@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from sharding_lab.analytic import (
     communication_bytes_per_step,
     fsdp_padded_numel,
+    fsdp_rank_numel,
     model_states_bytes_per_rank,
     zero1_partition,
 )
@@ -105,6 +106,18 @@ def test_fsdp_padded_numel_pads_dim0_only():
     assert fsdp_padded_numel([(768,)], 1024) == 1024
     assert fsdp_padded_numel([(8, 2)], 8) == 16
     assert fsdp_padded_numel([], 8) == 0
+
+
+def test_each_rank_holds_its_torch_chunk_of_dim0_padding_left_out():
+    # 5 rows over 4 ranks: chunks of ceil(5/4) = 2 rows, so 2, 2, 1 and none.
+    assert [fsdp_rank_numel((5, 3), 4, r) for r in range(4)] == [6, 6, 3, 0]
+    assert [fsdp_rank_numel((8,), 2, r) for r in range(2)] == [4, 4]
+    assert fsdp_rank_numel((), 3, 0) == 1 and fsdp_rank_numel((), 3, 1) == 0  # a scalar is one row
+
+
+@given(dim0=st.integers(1, 200), rest=st.integers(1, 5), world_size=st.integers(1, 16))
+def test_the_ranks_chunks_add_up_to_the_tensor(dim0, rest, world_size):
+    assert sum(fsdp_rank_numel((dim0, rest), world_size, r) for r in range(world_size)) == dim0 * rest
 
 
 @given(

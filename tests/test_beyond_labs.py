@@ -32,6 +32,7 @@ from sharding_lab.labs.beyond_memory_labs import (
     CHECKPOINTED,
     MIXED,
     OFFLOADED,
+    PLAIN,
     RankMemoryAtN,
     activation_key,
     check_activation_memory,
@@ -39,6 +40,7 @@ from sharding_lab.labs.beyond_memory_labs import (
 from sharding_lab.labs.beyond_partition_labs import (
     DEEPSPEED_PERSISTENCE_THRESHOLD,
     deepspeed_flat_partition,
+    deepspeed_zero3_params_per_rank,
     greedy_owners,
     named_numels,
     small_share,
@@ -120,6 +122,10 @@ def test_the_persistence_threshold_is_deepspeeds_default_and_splits_mini_as_work
     assert sum(numels) - sum(large) == 504_064
     # gpt2-small: only biases and LayerNorms (at most 3072 elements each) stay under 1e5.
     assert small_share("gpt2-small") < 0.001
+    # A DeepSpeed rank at N=2: the 504,064 small elements whole, beside half of all 1,028,352 (every
+    # mini tensor has an even number of elements), the small ones' slices included.
+    assert deepspeed_zero3_params_per_rank(numels, 2) == 504_064 + 1_028_352 // 2
+    assert deepspeed_zero3_params_per_rank([100_000, 100_001, 7], 4) == 100_007 + 25_000 + 25_001 + 2
 
 
 # --- measured ------------------------------------------------------------------------------------------------
@@ -268,6 +274,22 @@ def test_each_beyond_check_fails_on_doctored_measurements(measured, lab_id):
     verdict = LABS[lab_id].check(from_json(raw))
     assert verdict.holds is False
     assert any(reason.startswith("NOT ") for reason in verdict.reasons)
+
+
+@pytest_slow
+def test_on_a_gpu_the_offload_check_reads_where_the_states_are(measured):
+    # The CPU run's figures as a GPU run would report them: the plain run's states on the device.
+    raw = as_json(lab_measurements(measured, "cpu-offload-traffic"))
+    for m in raw.values():
+        m["config"]["device"] = "cuda:0"
+    for rank in raw[PLAIN]["memory"]["per_rank"]:
+        rank["states_device"] = "cuda"
+    assert LABS["cpu-offload-traffic"].check(from_json(raw)).holds is True
+    # The offloaded run's states left on the device: offload did not happen.
+    for rank in raw[OFFLOADED]["memory"]["per_rank"]:
+        rank["states_device"] = "cuda"
+    verdict = LABS["cpu-offload-traffic"].check(from_json(raw))
+    assert verdict.holds is False and any("ranks (cuda)" in r and r.startswith("NOT ") for r in verdict.reasons)
 
 
 # --- negative controls: the wrong configuration ---------------------------------------------------------------

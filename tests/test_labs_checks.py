@@ -297,6 +297,19 @@ def test_fsdp_is_zero3_fails_without_a_units_reduce_scatter(measured):
     assert LABS["fsdp-is-zero3"].check(from_json(raw)).holds is False
 
 
+def test_fsdp_is_zero3_reads_the_parameter_bytes_each_rank_holds_not_the_padding_sum(measured):
+    # Each rank holding the whole tensors, its padding count lowered to match: padded bytes unchanged,
+    # which the check once compared; the bytes each rank really holds are what it reads now.
+    raw = as_json(lab_measurements(measured, "fsdp-is-zero3"))
+    psi = raw["zero3"]["config"]["num_params"]
+    for rank in raw["zero3"]["memory"]["per_rank"]:
+        extra = psi - rank["params_bytes"] // 4
+        rank["params_bytes"] += 4 * extra
+        rank["padding_elements"] -= extra
+    verdict = LABS["fsdp-is-zero3"].check(from_json(raw))
+    assert verdict.holds is False and any(r.startswith("NOT FSDP params") for r in verdict.reasons)
+
+
 def test_scaling_fails_if_activations_shrank_with_n(measured):
     raw = as_json(lab_measurements(measured, "persistent-memory-scaling"))
     for rank in raw[scaling_key("zero3", 4)]["memory"]["per_rank"]:

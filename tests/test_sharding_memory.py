@@ -28,6 +28,7 @@ def test_model_state_bytes_reads_params_grads_and_adam_state_exactly():
     assert states["optimizer_scalar_bytes"] == 4 * n_tensors  # one fp32 `step` per parameter tensor
     assert states["model_states_bytes"] == 16 * psi
     assert states["padding_elements"] == states["padding_bytes"] == 0
+    assert states["states_device"] == "cpu"
 
 
 slow = pytest.mark.slow

@@ -242,7 +242,7 @@ CONTRACT = {
                           "persistent_bytes", "categories", "category_peaks", "unsharded_params_peak_bytes",
                           "unsharded_params_after_forward_bytes", "cuda_max_memory_allocated",
                           "activations_after_forward_bytes", "gathered_with_buffers_peak_bytes",
-                          "gathered_with_buffers_later_blocks_peak_bytes"},
+                          "gathered_with_buffers_later_blocks_peak_bytes", "states_device"},
     "comm": {"collectives", "totals", "bytes_per_step", "wire_bytes_per_step_derived", "timeline"},
     "comm.collectives[]": {"seq", "op", "phase", "module", "prefetch", "bytes", "wire_bytes_derived", "dtype",
                            "group_size", "mesh_dim"},

@@ -68,7 +68,7 @@ def padded_numel(model: nn.Module, world_size: int) -> int:
     )
 
 
-def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer, world_size: int) -> dict[str, int]:
+def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer, world_size: int) -> dict[str, int | str]:
     """Exact bytes of this rank's parameters, gradients and optimizer state, read off the tensors.
 
     `optimizer_bytes` counts per-element state (Adam's exp_avg and exp_avg_sq); Adam's scalar `step`
@@ -80,13 +80,16 @@ def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer, world_
     """
     params = grads = padding_elements = 0
     param_element_size = grad_element_size = 4
+    devices: set[str] = set()  # where the states live: the device, or the host under CPU offload
     for p in model.parameters():
         local = _local(p)
+        devices.add(local.device.type)
         params += _nbytes(local)
         param_element_size = local.element_size()
         padding_elements += _padded_local_numel(p, world_size) - local.numel()
         if p.grad is not None:
             local_grad = _local(p.grad)
+            devices.add(local_grad.device.type)
             grads += _nbytes(local_grad)
             grad_element_size = local_grad.element_size()
     optimizer_bytes = scalar_bytes = 0
@@ -101,6 +104,7 @@ def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer, world_
             if key == "step":
                 scalar_bytes += _nbytes(local)
             else:
+                devices.add(local.device.type)
                 optimizer_bytes += _nbytes(local)
     optimizer_per_element = optimizer_bytes / elements_with_state if elements_with_state else 8
     return {
@@ -111,6 +115,7 @@ def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer, world_
         "model_states_bytes": params + grads + optimizer_bytes,
         "padding_elements": padding_elements,
         "padding_bytes": int(padding_elements * (param_element_size + grad_element_size + optimizer_per_element)),
+        "states_device": "+".join(sorted(devices)),
     }
 
 

@@ -26,7 +26,7 @@ from sharding_lab.labs.base import (
     world_size_key,
 )
 from sharding_lab.measurement import Measurement
-from sharding_lab.model_config import GPTConfig, config_for, parameter_shapes
+from sharding_lab.model_config import GPTConfig, config_for, parameter_shapes, size_label
 from sharding_lab.run_config import RunConfig
 from sharding_lab.strategies import Strategy
 from sharding_lab.svg import Bar, stacked_bar_chart
@@ -105,12 +105,12 @@ def check_ring(points: list[RingPoint]) -> Verdict:
             f"N={n}: ZeRO-2 reduce-scatters the gradients once and all-gathers the parameters once "
             f"({p.reduce_scatter:,} B and {p.all_gather:,} B; padded 4Ψ = {p.padded_bytes:,} B)",
         )
-        ring = 2 * (n - 1) / n
+        # The wire bytes are the ring formulas applied to these logical bytes (derived), so the verdict rests
+        # on the logical bytes alone; the derived figures are in the finding.
         c.require(
-            near(p.all_reduce_wire, ring * p.all_reduce, 0.001)
-            and near(p.split_wire, p.all_reduce_wire, RING_TOLERANCE),
-            f"N={n}: each rank sends {p.all_reduce_wire:,} B for DDP's all-reduce, 2(N-1)/N = {ring:.2f}x the "
-            f"gradients, and {p.split_wire:,} B for ZeRO-2's reduce-scatter plus all-gather (derived, ring)",
+            near(p.reduce_scatter, p.all_reduce, RING_TOLERANCE) and near(p.all_gather, p.all_reduce, RING_TOLERANCE),
+            f"N={n}: ZeRO-2's reduce-scatter and all-gather each carry DDP's all-reduce buffer "
+            f"({p.reduce_scatter:,} B and {p.all_gather:,} B against {p.all_reduce:,} B; FSDP pads uneven dims)",
         )
     return c.verdict()
 
@@ -126,11 +126,12 @@ def report_ring(points: list[RingPoint]) -> Report:
     finding = (
         f"A ring all-reduce is a reduce-scatter followed by an all-gather: each rank sends (N-1)/N of the buffer "
         f"in each half, 2(N-1)/N in all. DDP all-reduced the {human_bytes(first.gradient_bytes)} of gradients once "
-        f"per step and ZeRO-2 reduce-scattered them and all-gathered the parameters once each, the same bytes: "
-        f"{per_n} (logical bytes measured, wire bytes derived from the ring formulas). Per rank the traffic "
-        f"approaches 2x the gradients as N grows ({first.factor:.2f}x at N={first.world_size}, {last.factor:.2f}x "
-        f"at N={last.world_size}) and never grows with N, which is why the ZeRO paper counts an all-reduce as 2Ψ "
-        f"and stage 2 costs no more traffic than DDP."
+        f"per step and ZeRO-2 reduce-scattered them and all-gathered the parameters once each, the same logical "
+        f"bytes: {per_n} (logical bytes measured; wire bytes derived from the ring formulas, what a ring "
+        f"implementation such as NCCL's sends, not what gloo sent here). Per rank the traffic approaches 2x the "
+        f"gradients as N grows ({first.factor:.2f}x at N={first.world_size}, {last.factor:.2f}x at "
+        f"N={last.world_size}) and stays under 2x whatever N is, which is why the ZeRO paper counts an all-reduce "
+        f"as 2Ψ and stage 2 costs no more traffic than DDP."
     )
     rows = tuple(
         (
@@ -295,7 +296,7 @@ def check_buckets(a: Buckets) -> Verdict:
 def report_buckets(a: Buckets) -> Report:
     mini, wide = a.runs
     scale = "; ".join(
-        f"{size} {len(sizes)} all-reduces (first {human_bytes(sizes[0])}, the lm_head alone)"
+        f"{size_label(size)} {len(sizes)} all-reduces (first {human_bytes(sizes[0])}, the lm_head alone)"
         for size, sizes in a.at_scale.items()
     )
     finding = (

@@ -131,7 +131,7 @@ def report_activation_memory(points: list[RankMemoryAtN]) -> Report:
         f"from {human_bytes(first.peak)} to {human_bytes(last.peak)} ({last.peak / first.peak:.2f}x, not "
         f"{first.world_size / last.world_size:.2f}x) and activations plus temporaries went from "
         f"{percent(first.unsharded_share)} of it at N={first.world_size} to {percent(last.unsharded_share)} at "
-        f"N={last.world_size} (the tracker's figures on CPU). Activation checkpointing, a smaller micro-batch or "
+        f"N={last.world_size} (the tracker's figures). Activation checkpointing, a smaller micro-batch or "
         f"sequence/tensor parallelism cut them; more data-parallel ranks do not."
     )
     rows = tuple(
@@ -447,7 +447,7 @@ class Offload:
     scatters: int
     host_to_device: int  # derived: each all-gather's input, the rank's parameter shard, copied up
     device_to_host: int  # derived: each reduce-scatter's output, the rank's gradient shard, copied down
-    grad_shard: int  # measured: the rank's gradient shard between steps (rank 0)
+    grad_shard: int  # measured: rank 0's gradient shard between steps (rank 0's shard is never short)
     model_states: int  # measured: rank 0's model states, which offload keeps on the host
 
 
@@ -464,7 +464,7 @@ def analyse_offload(ms: Measurements) -> Offload:
         scatters=len(scatters),
         host_to_device=sum(c.bytes // n for c in gathers),
         device_to_host=sum(c.bytes // n for c in scatters),
-        grad_shard=offloaded.padded_part_bytes("grads")[0],
+        grad_shard=offloaded.part_bytes("grads")[0],
         model_states=offloaded.model_states_bytes()[0],
     )
 
@@ -476,6 +476,20 @@ def check_offload(a: Offload) -> Verdict:
         f"one run offloads its {a.model_states:,} B of model states per rank with FSDP2's CPUOffloadPolicy, the "
         "other does not",
     )
+    # Where the states are, read off the tensors: on a GPU the plain run keeps them on the device and the
+    # offloaded one on the host. On CPU ranks the device is the host, so this cannot tell the runs apart.
+    device = a.plain.config.device.split(":")[0]
+    offloaded_on = sorted({r.states_device for r in a.offloaded.ranks})
+    c.require(
+        offloaded_on == ["cpu"],
+        f"the offloaded run's {a.model_states:,} B of parameter shards, gradients and Adam state per rank are on "
+        f"the host on all {len(a.offloaded.ranks)} ranks ({', '.join(offloaded_on)})"
+        + ("" if device != "cpu" else "; on CPU ranks the plain run's are too: only a GPU run tells them apart"),
+    )
+    if device != "cpu":
+        plain_on = sorted({r.states_device for r in a.plain.ranks})
+        c.require(plain_on == [device], f"the plain run's are on the device on all {len(a.plain.ranks)} ranks "
+                                        f"({', '.join(plain_on)})")
     c.require(
         a.same_collectives,
         f"offload leaves the collectives alone: the same {a.gathers} all-gathers and {a.scatters} reduce-scatters, "
@@ -490,7 +504,7 @@ def check_offload(a: Offload) -> Verdict:
         f"device to host per step: the reduce-scatters' outputs, {a.device_to_host:,} B, are the rank's gradient "
         f"shard ({a.grad_shard:,} B measured)",
     )
-    param_shard = a.offloaded.padded_part_bytes("params")[0]
+    param_shard = a.offloaded.part_bytes("params")[0]  # rank 0's, measured
     c.require(
         param_shard < a.host_to_device < 2 * param_shard,
         f"host to device per step: every all-gather's input, {a.host_to_device:,} B, between one and two copies of "
@@ -501,7 +515,7 @@ def check_offload(a: Offload) -> Verdict:
 
 def report_offload(a: Offload) -> Report:
     n = a.offloaded.world_size
-    param_shard = a.offloaded.padded_part_bytes("params")[0]
+    param_shard = a.offloaded.part_bytes("params")[0]  # rank 0's, measured
     finding = (
         f"FSDP2's CPU offload (CPUOffloadPolicy) on the mini model at N={n} kept each rank's "
         f"{human_bytes(a.model_states)} of model states (fp32 parameter shard, gradient shard, Adam state) in host "

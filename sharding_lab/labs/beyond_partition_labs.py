@@ -27,7 +27,7 @@ from sharding_lab.labs.base import (
 )
 from sharding_lab.labs.model_state_labs import STAGE1_MEASURED_KEY, stage1_runs
 from sharding_lab.measurement import Measurement
-from sharding_lab.model_config import GPTConfig, parameter_shapes
+from sharding_lab.model_config import GPTConfig, parameter_shapes, size_label
 from sharding_lab.run_config import RunConfig
 from sharding_lab.strategies import Strategy
 from sharding_lab.svg import Bar, stacked_bar_chart
@@ -40,6 +40,14 @@ MINI = "mini"  # the model these labs need: its shapes are where the two librari
 # many elements gets `ds_persist = True` and stays whole on every rank (parameter_offload.py,
 # mark_persistent_parameters: `if param.ds_numel <= param_threshold`).
 DEEPSPEED_PERSISTENCE_THRESHOLD = 100_000
+
+
+def deepspeed_zero3_params_per_rank(numels: list[int], world_size: int) -> int:
+    """Parameter elements one DeepSpeed ZeRO-3 rank holds (derived): its 1/N slice (ds_tensor) of every
+    parameter, plus the persistent ones whole. A persistent parameter is partitioned too: the optimizer
+    updates the slices, and the whole copy is gathered again after the step (partition_parameters.py)."""
+    whole = sum(n for n in numels if n <= DEEPSPEED_PERSISTENCE_THRESHOLD)
+    return whole + sum(-(-n // world_size) for n in numels)
 
 
 def named_numels(m: Measurement) -> list[tuple[str, int]]:
@@ -61,7 +69,7 @@ class Persistence:
     fsdp_params_per_rank: list[int]  # measured elements of parameter shard per rank (bytes / 4)
     fsdp_expected: int  # the padded 1/N shard, per rank
     gathered_forward: int  # bytes all-gathered in forward (measured)
-    deepspeed_per_rank: int  # derived: small params whole + the large ones' 1/N, in elements
+    deepspeed_per_rank: int  # derived: small params whole + every param's 1/N slice, in elements
     deepspeed_gathered: int  # derived: elements DeepSpeed would all-gather in forward (the large ones)
 
 
@@ -87,7 +95,7 @@ def analyse_persistence(ms: Measurements) -> Persistence:
         fsdp_params_per_rank=[b // 4 for b in m.padded_part_bytes("params")],
         fsdp_expected=m.padded_num_params // m.world_size,
         gathered_forward=sum(c.bytes for c in m.collectives(op="all_gather", phase="forward")),
-        deepspeed_per_rank=small_elements + -(-large_elements // m.world_size),
+        deepspeed_per_rank=deepspeed_zero3_params_per_rank([n for _, n in numels], m.world_size),
         deepspeed_gathered=large_elements,
     )
 
@@ -128,18 +136,19 @@ def report_persistence(a: Persistence) -> Report:
         f"state stay partitioned): here that "
         f"is {len(a.small)} of {len(a.small) + len(a.large)} parameters (every one but {', '.join(a.large)}: the "
         f"largest has {largest_small:,} elements), {percent(a.small_elements / a.psi)} of Ψ, "
-        f"so a DeepSpeed rank would hold {a.deepspeed_per_rank:,} elements "
+        f"so a DeepSpeed rank would hold {a.deepspeed_per_rank:,} parameter elements (the small ones whole, "
+        f"beside its 1/{n} slice of every parameter, theirs included) "
         f"({percent(a.deepspeed_per_rank / a.psi)} of Ψ, against FSDP2's {percent(a.fsdp_expected / a.psi)}) and "
         f"gather only {', '.join(a.large)} before each use ({percent(a.deepspeed_gathered / a.psi)} of Ψ; derived from the "
-        f"shapes, not measured). At real widths only biases and norms fall under 1e5: gpt2-small's are "
+        f"shapes, not measured). At real widths only biases and norms fall under 1e5: {size_label('gpt2-small')}'s are "
         f"{percent(small_share('gpt2-small'))} of Ψ."
     )
     rows = tuple(
         (
             name,
             numel,
-            "whole on every rank" if numel <= DEEPSPEED_PERSISTENCE_THRESHOLD else f"1/{n} per rank",
-            -(-numel // n) if numel > DEEPSPEED_PERSISTENCE_THRESHOLD else numel,
+            f"whole + its 1/{n} slice" if numel <= DEEPSPEED_PERSISTENCE_THRESHOLD else f"1/{n} per rank",
+            -(-numel // n) + (numel if numel <= DEEPSPEED_PERSISTENCE_THRESHOLD else 0),
             fsdp_shard_numel(shape, n),
         )
         for name, shape in parameter_shapes(GPTConfig(**a.m.config.model))
@@ -152,7 +161,7 @@ def report_persistence(a: Persistence) -> Report:
             Bar(
                 "DeepSpeed ZeRO-3, threshold 1e5 (derived)",
                 {
-                    "sharded": -(-a.large_elements // n),
+                    "sharded": a.deepspeed_per_rank - a.small_elements,
                     "persistent (whole)": a.small_elements,
                 },
             ),
@@ -180,12 +189,18 @@ def report_persistence(a: Persistence) -> Report:
     )
 
 
+def persistent_share(config: GPTConfig) -> float:
+    """The share of Ψ in parameters of at most the threshold's elements: what DeepSpeed's ZeRO-3 keeps
+    gathered on every rank (derived from the shapes)."""
+    numels = [math.prod(shape) for _, shape in parameter_shapes(config)]
+    return sum(n for n in numels if n <= DEEPSPEED_PERSISTENCE_THRESHOLD) / sum(numels)
+
+
 def small_share(size: str) -> float:
-    """The share of Ψ in parameters of at most the threshold's elements, for a named size (derived)."""
+    """`persistent_share` for a named size."""
     from sharding_lab.model_config import config_for
 
-    numels = [math.prod(shape) for _, shape in parameter_shapes(config_for(size))]
-    return sum(n for n in numels if n <= DEEPSPEED_PERSISTENCE_THRESHOLD) / sum(numels)
+    return persistent_share(config_for(size))
 
 
 # --- zero1-whole-tensors ---------------------------------------------------------------------------------

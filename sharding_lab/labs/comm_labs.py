@@ -34,7 +34,7 @@ from sharding_lab.measurement import (
     block_index,
     module_event,
 )
-from sharding_lab.model_config import config_for, root_share
+from sharding_lab.model_config import config_for, root_share, size_label
 from sharding_lab.strategies import Strategy
 from sharding_lab.units import human_bytes
 
@@ -467,7 +467,8 @@ def report_tradeoff(a: Tradeoff) -> Report:
     n = fsdp.world_size
     gathers = fsdp.collectives(op="all_gather")
     scale = "; ".join(
-        f"{size} (r = {share:.1%}) {fp32:.2f}x fp32, {mixed:.2f}x mixed" for size, (share, fp32, mixed) in a.at_scale.items()
+        f"{size_label(size)}, r = {share:.1%}: {fp32:.2f}x fp32, {mixed:.2f}x mixed"
+        for size, (share, fp32, mixed) in a.at_scale.items()
     )
     finding = (
         f"At N={n}, FSDP holds {human_bytes(fsdp.model_states_bytes()[0])} of model states per rank against DDP's "
@@ -476,8 +477,9 @@ def report_tradeoff(a: Tradeoff) -> Report:
         f"({a.volumes.volume['zero3']:.2f}Ψ against {a.volumes.volume['ddp']:.2f}Ψ), with {len(gathers)} all-gathers "
         f"({human_bytes(sum(g.bytes for g in gathers))}) per step that DDP never needs. The paper's 1.5x assumes every "
         f"parameter is gathered twice; FSDP2 keeps the root unit (embeddings and head, r = {a.volumes.root_share:.1%} "
-        f"of Ψ here) gathered from forward to backward, so fp32 FSDP moves (3 - r)/2 of DDP. With PyTorch's mixed "
-        f"precision (bf16 all-gathers, fp32 reduce-scatters; measured on this model) FSDP moves {a.mixed:.2f}x DDP's "
+        f"of Ψ here) gathered from forward to backward, so fp32 FSDP moves (3 - r)/2 of DDP. With FSDP2's mixed "
+        f"precision as configured here (bf16 all-gathers; reduce_dtype=fp32, so fp32 reduce-scatters, where the "
+        f"default reduces in bf16; measured on this model) FSDP moves {a.mixed:.2f}x DDP's "
         f"fp32 bytes, 1 - r/4. Derived for larger models of this GPT (not measured): {scale}."
     )
     keys = ["ddp", "zero3", MIXED]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sharding_lab.analytic import fsdp_padded_numel, model_states_bytes_per_rank
+from sharding_lab.analytic import fsdp_padded_numel, fsdp_rank_numel, model_states_bytes_per_rank
 from sharding_lab.labs import charts
 from sharding_lab.labs.base import (
     Conditions,
@@ -25,6 +25,7 @@ from sharding_lab.labs.base import (
     runs_at,
     shares_text,
 )
+from sharding_lab.labs.beyond_partition_labs import DEEPSPEED_PERSISTENCE_THRESHOLD, persistent_share
 from sharding_lab.measurement import PARTS, Measurement
 from sharding_lab.model_config import GPTConfig, parameter_shapes
 from sharding_lab.strategies import Strategy
@@ -276,16 +277,6 @@ def report_stage3_params(a: StageParams) -> Report:
 # --- fsdp-is-zero3 ---------------------------------------------------------------------------------------------
 
 
-# DeepSpeed ZeRO-3's default stage3_param_persistence_threshold: smaller parameters are never partitioned.
-DEEPSPEED_PERSISTENCE_THRESHOLD = 100_000
-
-
-def _persistent_share(m: Measurement) -> float:
-    """The share of Ψ in tensors DeepSpeed's ZeRO-3 would keep whole on every rank (derived from shapes)."""
-    numels = [math.prod(shape) for _, shape in parameter_shapes(GPTConfig(**m.config.model))]
-    return sum(n for n in numels if n < DEEPSPEED_PERSISTENCE_THRESHOLD) / sum(numels)
-
-
 def predicted_model_states(m: Measurement, stage: Strategy) -> dict[str, int]:
     """The ZeRO paper's per-rank model states for `stage`, worked out from the model's definition (its
     parameter shapes, FSDP's dim-0 padding applied), not from the counts the run reported."""
@@ -301,6 +292,7 @@ class AgainstStages:
     zero2: Measurement
     stage3: dict[str, int]  # the paper's per-rank model states, with FSDP's padding
     stage2: dict[str, int]
+    params_per_rank: list[int]  # each rank's unpadded parameter bytes, from the shapes' dim-0 split
     short: int  # the most bytes a rank's shard is short of the padded shard
     units: int  # FSDP units: every block and the root
     forward_gathers: dict[str, int]  # unit -> all-gathers in forward
@@ -323,6 +315,8 @@ def analyse_fsdp_is_zero3(ms: Measurements) -> AgainstStages:
         zero2,
         predicted_model_states(zero3, Strategy.ZERO3),
         predicted_model_states(zero2, Strategy.ZERO2),
+        [4 * sum(fsdp_rank_numel(shape, zero3.world_size, rank) for _, shape in parameter_shapes(
+            GPTConfig(**zero3.config.model))) for rank in range(zero3.world_size)],
         short,
         zero3.n_blocks + 1,
         per_unit("all_gather", "forward"),
@@ -334,7 +328,15 @@ def analyse_fsdp_is_zero3(ms: Measurements) -> AgainstStages:
 def check_fsdp_is_zero3(a: AgainstStages) -> Verdict:
     """Each rank's bytes plus the padding its shard is short of equal the padded stage-3 prediction."""
     c = Conditions()
-    for part in PARTS:
+    # Parameters against each rank's own rows of every tensor (padding adds nothing to the bytes a rank
+    # holds); gradients and optimizer state, with the padding the parameters are short of, against stage 3.
+    measured = a.zero3.part_bytes("params")
+    c.require(
+        measured == a.params_per_rank,
+        f"FSDP params {measured} B = each rank's 1/{a.zero3.world_size} of every tensor's rows "
+        f"{a.params_per_rank} B (stage 3's {a.stage3['params']:,} B with padding)",
+    )
+    for part in ("grads", "optimizer"):
         measured = a.zero3.padded_part_bytes(part)
         c.require(
             all(b == a.stage3[part] for b in measured), f"FSDP {part} {measured} = stage 3's {a.stage3[part]}"
@@ -386,9 +388,9 @@ def report_fsdp_is_zero3(a: AgainstStages) -> Report:
         f"gradients and optimizer state match stage 2 ({zero2.part_bytes('grads')[0]:,} and "
         f"{zero2.part_bytes('optimizer')[0]:,} B) and the full {zero2.unsharded_after_forward()[0]:,} B of "
         f"parameters stay gathered from forward to backward, as stage 2 keeps them. That is PyTorch's FSDP2, which "
-        f"shards every parameter: DeepSpeed's ZeRO-3 leaves parameters under stage3_param_persistence_threshold "
-        f"({DEEPSPEED_PERSISTENCE_THRESHOLD:,} elements by default) replicated: {_persistent_share(zero3):.1%} of Ψ "
-        f"of this model."
+        f"shards every parameter: DeepSpeed's ZeRO-3 keeps parameters of at most stage3_param_persistence_threshold "
+        f"({DEEPSPEED_PERSISTENCE_THRESHOLD:,} elements by default) gathered on every rank: {persistent_share(GPTConfig(**zero3.config.model)):.1%} "
+        f"of Ψ of this model."
     )
     rows = []
     for key, m, predicted in (("zero3", zero3, stage3), ("zero2", zero2, a.stage2)):

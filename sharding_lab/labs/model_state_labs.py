@@ -28,7 +28,7 @@ from sharding_lab.labs.base import (
     world_size_key,
 )
 from sharding_lab.measurement import PARTS, Measurement
-from sharding_lab.model_config import GPTConfig, config_for, parameter_shapes
+from sharding_lab.model_config import GPTConfig, config_for, parameter_shapes, size_label
 from sharding_lab.run_config import Placement, RunConfig
 from sharding_lab.strategies import Strategy
 from sharding_lab.svg import Bar, stacked_bar_chart
@@ -295,7 +295,7 @@ def report_persistent_memory_scaling(a: Scaling) -> Report:
         + f" The step's peak does not follow: FSDP's is {peaks} at N = "
         f"{', '.join(str(p.world_size) for p in fsdp)} ({fsdp[-1].peak / fsdp[0].peak:.2f} of N={fsdp[0].world_size}'s "
         f"at N={fsdp[-1].world_size}), because each rank's activations, {human_bytes(fsdp[-1].activations)} for its own "
-        f"micro-batch of this model in fp32, do not shrink with N (measured by the tracker on CPU; activation "
+        f"micro-batch of this model in fp32, do not shrink with N (measured by the tracker; activation "
         f"checkpointing or a smaller micro-batch is what cuts them)."
     )
     rows = [
@@ -367,7 +367,9 @@ def check_zero_stages(a: ModelStates) -> Verdict:
     totals = [max(a.totals[key]) for key in ("ddp", "zero1", "zero2", "zero3")]
     c.require(
         totals[0] > totals[1] > totals[2] >= totals[3],
-        f"model states between steps fall stage by stage ({' > '.join(human_bytes(t) for t in totals)})",
+        f"model states between steps fall stage by stage ({' > '.join(human_bytes(t) for t in totals[:3])} >= "
+        f"{human_bytes(totals[3])}: FSDP2's zero2 reshards after backward, so between steps it holds what zero3 "
+        f"holds)",
     )
     c.require(
         all(b < full_params for b in zero3.unsharded_after_forward()),
@@ -497,7 +499,7 @@ def report_adam_state(a: AdamState) -> Report:
         f"Under DDP in fp32 each rank's Adam state is {optimizer / params:.2f}x its parameter bytes "
         f"({human_bytes(optimizer)} against {human_bytes(params)} for Ψ={a.psi:,}: {a.fp32['optimizer']:g} B per "
         f"parameter for exp_avg and exp_avg_sq), the biggest model state. With PyTorch's mixed precision (FSDP2, "
-        f"bf16 all-gathers and compute, fp32 reduce-scatters; measured on this model) a rank keeps {pytorch} bytes "
+        f"bf16 all-gathers and compute, fp32 reduce-scatters as configured here; measured on this model) a rank keeps {pytorch} bytes "
         f"per parameter of parameters/gradients/Adam state: fp32 shards serve as the master weights, so Adam's "
         f"state stays 8 B. The ZeRO paper's mixed precision keeps {paper['params']}/{paper['grads']}/"
         f"{paper['optimizer']} (fp16 parameters and gradients; K = {paper['optimizer']}: an fp32 master copy "
@@ -581,8 +583,8 @@ def report_stage1(a: Stage1) -> Report:
         f"tensor is small beside Ψ/N. On the {measured.config.size} model, whose embedding and head are "
         f"{percent(largest_tensor_share(measured.config.size))} of Ψ each, rank 0 of {measured.world_size} measured "
         f"{human_bytes(measured.part_bytes('optimizer')[0])} of Adam state, {a.at_scale_share:.2f}x its share "
-        f"(a rank view: rank 0's real tensors in one process); for {size} ({percent(largest_tensor_share(size))} "
-        f"each) the fullest rank would hold {at_scale} (derived from the same rule). DeepSpeed's ZeRO-1 splits one "
+        f"(a rank view: rank 0's real tensors in one process); for {size_label(size)}: {percent(largest_tensor_share(size))} "
+        f"each, the fullest rank would hold {at_scale} (derived from the same rule). DeepSpeed's ZeRO-1 splits one "
         f"flat buffer, exactly 1/N per rank."
     )
     keys = ["ddp", "zero1"]
