@@ -286,6 +286,13 @@ def predicted_model_states(m: Measurement, stage: Strategy) -> dict[str, int]:
     return model_states_bytes_per_rank(psi, m.world_size, stage, padded_num_params=padded)
 
 
+def params_bytes_per_rank(m: Measurement) -> list[int]:
+    """Each rank's fp32 parameter bytes, padding left out, from the model's shapes: its torch.chunk rows
+    of every tensor's dim 0, as FSDP2 splits them."""
+    shapes = [shape for _, shape in parameter_shapes(GPTConfig(**m.config.model))]
+    return [4 * sum(fsdp_rank_numel(shape, m.world_size, rank) for shape in shapes) for rank in range(m.world_size)]
+
+
 @dataclass(frozen=True)
 class AgainstStages:
     zero3: Measurement
@@ -315,8 +322,7 @@ def analyse_fsdp_is_zero3(ms: Measurements) -> AgainstStages:
         zero2,
         predicted_model_states(zero3, Strategy.ZERO3),
         predicted_model_states(zero2, Strategy.ZERO2),
-        [4 * sum(fsdp_rank_numel(shape, zero3.world_size, rank) for _, shape in parameter_shapes(
-            GPTConfig(**zero3.config.model))) for rank in range(zero3.world_size)],
+        params_bytes_per_rank(zero3),
         short,
         zero3.n_blocks + 1,
         per_unit("all_gather", "forward"),
@@ -389,8 +395,8 @@ def report_fsdp_is_zero3(a: AgainstStages) -> Report:
         f"{zero2.part_bytes('optimizer')[0]:,} B) and the full {zero2.unsharded_after_forward()[0]:,} B of "
         f"parameters stay gathered from forward to backward, as stage 2 keeps them. That is PyTorch's FSDP2, which "
         f"shards every parameter: DeepSpeed's ZeRO-3 keeps parameters of at most stage3_param_persistence_threshold "
-        f"({DEEPSPEED_PERSISTENCE_THRESHOLD:,} elements by default) gathered on every rank: {persistent_share(GPTConfig(**zero3.config.model)):.1%} "
-        f"of Ψ of this model."
+        f"({DEEPSPEED_PERSISTENCE_THRESHOLD:,} elements by default) gathered on every rank: "
+        f"{persistent_share(GPTConfig(**zero3.config.model)):.1%} of Ψ of this model."
     )
     rows = []
     for key, m, predicted in (("zero3", zero3, stage3), ("zero2", zero2, a.stage2)):
