@@ -136,17 +136,24 @@ def zero1_partition(numels: Sequence[int], world_size: int) -> list[int]:
     """Elements of optimizer state each rank owns under PyTorch's ZeroRedundancyOptimizer: whole
     tensors, largest first (a stable sort), each to the rank with the fewest elements so far (the
     lowest rank on a tie). DeepSpeed's ZeRO-1 instead splits one flat buffer into N equal parts."""
+    return [owned for owned, _ in zero1_owned_and_largest(numels, world_size)]
+
+
+def zero1_owned_and_largest(numels: Sequence[int], world_size: int) -> list[tuple[int, int]]:
+    """Per rank, `zero1_partition`'s elements and the largest tensor among them: the first one it was
+    given, since tensors are placed largest first (0 for a rank given none)."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    owned = [0] * world_size
+    owned, largest = [0] * world_size, [0] * world_size
     # A heap of (elements so far, rank): its smallest is the rank with the fewest, the lowest on a tie,
     # in log N per tensor (a 100,000-GPU plan has 1,500 tensors to place).
     least = [(0, rank) for rank in range(world_size)]
     for numel in sorted(numels, reverse=True):
         count, rank = heapq.heappop(least)
         owned[rank] = count + numel
+        largest[rank] = largest[rank] or numel
         heapq.heappush(least, (owned[rank], rank))
-    return owned
+    return list(zip(owned, largest, strict=True))
 
 
 def fsdp_shard_numel(shape: Sequence[int], world_size: int) -> int:

@@ -5,9 +5,9 @@ A reproduction of the formulas in deepspeedai/DeepSpeed:
   which takes the largest layer as the module with the most parameters of its own),
 - `deepspeed/runtime/zero/stage_1_and_2.py`: `estimate_zero2_model_states_mem_needs`,
 read at commit edaa7221267243c7be7fb49c5d5f5c4fb97b4641. Their `..._all_cold` functions print these
-figures divided by 2**30 with the label "GB" (so GiB). They count model states only (fp16 params, grads,
-fp32 master copy and Adam moments, plus DeepSpeed's largest-layer buffer): no activations, no
-temporaries, no batch or sequence.
+figures divided by 2**30 with the label "GB" (so GiB). They count model states by DeepSpeed's own byte
+counts (2 + 18/N per parameter at stage 2, with an fp32 gradient partition; 18/N at stage 3), plus, at
+stage 3, a buffer of the largest layer: no activations, no temporaries, no batch or sequence.
 """
 
 from __future__ import annotations
@@ -92,7 +92,10 @@ class DeepSpeedEstimate:
     gpu_bytes: int
     cpu_bytes: int
     options: str  # the row of DeepSpeed's printed table it is
-    counts: str = "model states only (fp16 params and grads, fp32 master, Adam); no activations or buffers"
+    counts: str = ("model states by DeepSpeed's byte counts per parameter (2 + 18/N at stage 2, 18/N at stage 3) "
+                   "and, at stage 3, 4 B per parameter of the largest layer; no activations")
+    # DeepSpeed's host figure is per node: this one is for a single node holding every GPU.
+    cpu_bytes_means: str = "host memory of one node holding every GPU (DeepSpeed's formula is per node)"
     source: str = SOURCE
 
 

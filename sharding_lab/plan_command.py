@@ -201,6 +201,7 @@ def _deepspeed_json(estimate: DeepSpeedEstimate | None) -> dict | None:
     if estimate is None:
         return None
     return {"stage": estimate.stage, "gpu_bytes": estimate.gpu_bytes, "cpu_bytes": estimate.cpu_bytes,
+            "cpu_bytes_means": estimate.cpu_bytes_means,
             "options": estimate.options, "counts": estimate.counts, "source": estimate.source}
 
 
@@ -277,7 +278,9 @@ def _render_strategy(console, Table, analytic: Plan, simulated: Plan | None, una
     table.add_row("fits", fits, ("yes" if simulated.fits else "NO") if simulated else "-")
     table.add_row("largest micro-batch that fits", analytic.largest_micro_batch_label, "-")
     if deepspeed:
-        table.add_row(f"DeepSpeed ZeRO-{deepspeed.stage} formula", _gb(deepspeed.gpu_bytes), "",
+        # In GiB first, as DeepSpeed prints it (its "GB" is 2**30 bytes), so the figure reads as its own.
+        table.add_row(f"DeepSpeed ZeRO-{deepspeed.stage} formula",
+                      f"{deepspeed.gpu_bytes / 2**30:.2f} GiB ({deepspeed.gpu_bytes / GB:.2f} GB)", "",
                       style="dim")
     console.print(table)
     if simulated:
@@ -326,7 +329,8 @@ def register(subparsers, *, simulate: Simulator | None = None) -> None:
     gpus.add_argument("--gpus", type=at_most(BOUNDS.gpus), help="data-parallel GPUs N (a 1-D mesh)")
     gpus.add_argument("--mesh", help="HSDP mesh REPLICASxSHARDS, e.g. 8x8")
     parser.add_argument("--gpu-memory-gb", type=at_most(BOUNDS.gpu_memory_gb, positive_float), default=80.0,
-                        help="memory per GPU in decimal GB (1e9 B): 80 (H100), 141 (H200); default 80")
+                        help="memory per GPU in decimal GB (1e9 B), as nvidia-smi's MiB x 1.048576 / 1000: 85.5 for an "
+                             "H100, 150.8 for an H200 (their labels' 80 and 141 plan about 7%% low); default 80")
     parser.add_argument("--headroom", type=float, default=0.1,
                         help="fraction of GPU memory kept free (default 0.1)")
     parser.add_argument("--micro-batch", type=at_most(BOUNDS.micro_batch), default=1, help="sequences per GPU per forward")

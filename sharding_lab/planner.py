@@ -26,7 +26,9 @@ from sharding_lab.planner_memory import Moment, StepShape, peak
 from sharding_lab.strategies import Strategy
 from sharding_lab.units import human_bytes, param_count
 
-GB = 10**9  # GPU memory is given in decimal GB, as vendors state it: an H100 is 80 GB, an H200 141 GB
+# GPU memory is given in decimal GB (1e9 B). Vendors' labels are not: nvidia-smi shows an "80 GB" H100 as
+# 81,559 MiB (85.5 GB) and a "141 GB" H200 as 143,771 MiB (150.8 GB), so the label's figure plans ~7% low.
+GB = 10**9
 DEFAULT_HEADROOM = 0.1  # a tenth of the GPU kept free for the CUDA context, NCCL and allocator slack
 
 
@@ -148,7 +150,7 @@ class PlanRequest:
 
     model: ModelShape
     mesh: Mesh
-    gpu_memory_gb: float  # decimal GB (1e9 bytes) per GPU: 80 for an H100, 141 for an H200
+    gpu_memory_gb: float  # decimal GB (1e9 bytes) per GPU: 85.5 for an H100 (its label says 80), 150.8 for an H200
     micro_batch: int = 1  # sequences per GPU per forward
     seq: int | None = None  # tokens per sequence; None: the model's seq_len
     strategy: Strategy = Strategy.ZERO3
@@ -297,13 +299,16 @@ def analytic_leaves_out(request: PlanRequest) -> tuple[str, ...]:
         "the CUDA context, NCCL's buffers and the caching allocator's reserve and fragmentation "
         "(allocated bytes only; the headroom is for these)",
         "LayerNorm's mean/rstd are counted at the compute dtype, as on CPU; CUDA keeps them fp32 "
-        "(+8 B per token per block under bf16)",
+        "(+8 B per token per block and 4 B per token for the final norm under bf16)",
+        "Adam's 4-byte step counter per tensor is counted as GPU memory, as on CPU; on CUDA (foreach=False, "
+        "not capturable) it lives on the host",
         "attention is counted as PyTorch's CPU flash kernel runs it (saves q, k, v, its output and an fp32 "
         "logsumexp; its backward allocates dq, dk, dv only); CUDA's kernels save the same plus a few bytes "
         "of RNG state, and their backward workspaces are not counted",
     ]
     if not request.strategy.fully_sharded:
-        left_out.append(f"{request.strategy} is not simulated: its figures are this model's alone")
+        left_out.append(f"{request.strategy} is not simulated: its figures are this model's alone, held to the "
+                        f"memory tracker on CPU ranks (fp32; DDP's CUDA mixed precision is not checked)")
     if request.cpu_offload:
         left_out.append("the device copy of a shard before each all-gather and of each gradient shard after "
                         "its reduce-scatter (one unit's shard at a time)")

@@ -84,7 +84,8 @@ def collectives_per_step(
         holds = "PyTorch DDP (fp32 buckets, also under its mixed precision); any model of this size"
         result = [_collective("all_reduce", "backward", MeshDim.DATA_PARALLEL, shards, 4, numel, None, holds)]
         if strategy is Strategy.ZERO1:
-            holds = "PyTorch ZeroRedundancyOptimizer: each owner broadcasts its updated fp32 parameters"
+            holds = ("PyTorch ZeroRedundancyOptimizer: each owner broadcasts its updated fp32 parameters; wire "
+                     "bytes are the mean over ranks (a ring's forwarding ranks send a whole buffer)")
             result.append(_collective("broadcast", "optimizer", MeshDim.DATA_PARALLEL, shards, 4, numel,
                                       len(shapes), holds))
         return tuple(result)
@@ -98,7 +99,8 @@ def collectives_per_step(
         padded_blocks = fsdp_padded_numel(blocks, shards)
         result.append(_collective("all_gather", "backward", shard_dim, shards, gather_bytes, k * padded_blocks,
                                   k * (units - 1), holds))
-    result.append(_collective("reduce_scatter", "backward", shard_dim, shards, 4, padded, units, holds))
+    if shards > 1:  # with a shard group of one rank FSDP2 copies the gradients instead (_fsdp_collectives.py)
+        result.append(_collective("reduce_scatter", "backward", shard_dim, shards, 4, padded, units, holds))
     if replicas > 1:
         result.append(_collective("all_reduce", "backward", MeshDim.REPLICATE, replicas, 4, padded // shards,
                                   units, holds + "; HSDP: the reduced shard across replicas"))

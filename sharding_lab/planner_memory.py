@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sharding_lab.analytic import fsdp_padded_numel, zero1_partition
+from sharding_lab.analytic import fsdp_padded_numel, zero1_owned_and_largest, zero1_partition
 from sharding_lab.strategies import Strategy
 
 FP32 = 4
@@ -461,16 +461,21 @@ def _ddp_moments(step: StepShape) -> list[Moment]:
     """DDP and PyTorch's ZeRO-1 (DDP + ZeroRedundancyOptimizer), not checked against a simulation: full fp32
     parameters (plus DDP's bf16 copies under its mixed precision), fp32 gradients that are the all-reduce
     buckets (gradient_as_bucket_view, so they exist all step), Adam state whole (ddp) or the largest rank's
-    share of whole tensors (zero1)."""
+    share of whole tensors (zero1). At the optimizer step Adam (foreach=False) holds two temporaries the
+    size of the tensor it updates (sqrt(exp_avg_sq) and its quotient): the largest tensor's, or on ZeRO-1
+    the largest its rank owns."""
     psi, act = step.num_params, step.act
     parameters = FP32 * psi + (2 * psi if step.mixed_precision else 0)
+    numels = [math.prod(s) for s in [*step.root_shapes, *step.block_shapes * step.layers]]
     if step.strategy is Strategy.ZERO1:
-        numels = [math.prod(s) for s in [*step.root_shapes, *step.block_shapes * step.layers]]
         owned = max(zero1_partition(numels, step.world_size))
         tensors = -(-step.num_tensors // step.world_size)
         optimizer = 2 * FP32 * owned + ADAM_STEP_COUNTER_BYTES * tensors
+        at_step = max(2 * FP32 * (o + largest) for o, largest in zero1_owned_and_largest(numels, step.world_size))
+        stepping = at_step + ADAM_STEP_COUNTER_BYTES * tensors
     else:
         optimizer = 2 * FP32 * psi + ADAM_STEP_COUNTER_BYTES * step.num_tensors
+        stepping = optimizer + 2 * FP32 * max(numels)
     gradients = FP32 * psi
     moments = [Moment(
         "loss backward", parameters=parameters, gradients=gradients, optimizer_state=optimizer,
@@ -481,5 +486,5 @@ def _ddp_moments(step: StepShape) -> list[Moment]:
             f"block {i} backward", parameters=parameters, gradients=gradients, optimizer_state=optimizer,
             activations=_activations_at_block(step, i), temporaries=_block_backward_temporaries(step),
         ))
-    moments.append(Moment("optimizer step", parameters=parameters, gradients=gradients, optimizer_state=optimizer))
+    moments.append(Moment("optimizer step", parameters=parameters, gradients=gradients, optimizer_state=stepping))
     return moments

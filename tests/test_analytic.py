@@ -13,6 +13,7 @@ from sharding_lab.analytic import (
     fsdp_padded_numel,
     fsdp_rank_numel,
     model_states_bytes_per_rank,
+    zero1_owned_and_largest,
     zero1_partition,
 )
 from sharding_lab.estimate import PAPER_STAGE_NAMES, paper_style, table1
@@ -213,3 +214,6 @@ def test_zero1_partition_is_pytorchs_greedy_whole_tensor_rule():
     assert zero1_partition([100, 10, 10, 10, 10], 4) == [100, 20, 10, 10]
     with pytest.raises(ValueError):
         zero1_partition([1], 0)
+    # The same placement, with each rank's largest tensor: the first it was given (rank 2 of 3 is given none).
+    assert zero1_owned_and_largest([3, 9, 4, 5, 1], 2) == [(12, 9), (10, 5)]
+    assert zero1_owned_and_largest([7, 2], 3) == [(7, 7), (2, 2), (0, 0)]

@@ -503,7 +503,8 @@ def report_adam_state(a: AdamState) -> Report:
         f"per parameter of parameters/gradients/Adam state: fp32 shards serve as the master weights, so Adam's "
         f"state stays 8 B. The ZeRO paper's mixed precision keeps {paper['params']}/{paper['grads']}/"
         f"{paper['optimizer']} (fp16 parameters and gradients; K = {paper['optimizer']}: an fp32 master copy "
-        f"beside the two moments), as DeepSpeed does; both total 16 bytes per parameter."
+        f"beside the two moments); both total 16 bytes per parameter. DeepSpeed's own estimators count 18 per "
+        f"sharded parameter: they add a 4-byte fp32 gradient partition."
     )
     rows = tuple(
         (part, a.fp32_bytes[part], round(a.fp32[part], 4), round(a.mixed[part], 4), paper[part]) for part in PARTS
