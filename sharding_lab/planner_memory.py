@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sharding_lab.analytic import fsdp_padded_numel, zero1_owned_and_largest, zero1_partition
+from sharding_lab.analytic import fsdp_padded_numel, zero1_owned_and_largest
 from sharding_lab.strategies import Strategy
 
 FP32 = 4
@@ -458,7 +458,8 @@ def _block_backward(m: _Ledger, grads: dict[str, int], tc: int, stats: int, lse:
 
 
 def _ddp_moments(step: StepShape) -> list[Moment]:
-    """DDP and PyTorch's ZeRO-1 (DDP + ZeroRedundancyOptimizer), not checked against a simulation: full fp32
+    """DDP and PyTorch's ZeRO-1 (DDP + ZeroRedundancyOptimizer), which the simulation does not build (held to
+    the memory tracker on CPU ranks in tests/test_planner.py): full fp32
     parameters (plus DDP's bf16 copies under its mixed precision), fp32 gradients that are the all-reduce
     buckets (gradient_as_bucket_view, so they exist all step), Adam state whole (ddp) or the largest rank's
     share of whole tensors (zero1). At the optimizer step Adam (foreach=False) holds two temporaries the
@@ -468,11 +469,10 @@ def _ddp_moments(step: StepShape) -> list[Moment]:
     parameters = FP32 * psi + (2 * psi if step.mixed_precision else 0)
     numels = [math.prod(s) for s in [*step.root_shapes, *step.block_shapes * step.layers]]
     if step.strategy is Strategy.ZERO1:
-        owned = max(zero1_partition(numels, step.world_size))
+        placed = zero1_owned_and_largest(numels, step.world_size)
         tensors = -(-step.num_tensors // step.world_size)
-        optimizer = 2 * FP32 * owned + ADAM_STEP_COUNTER_BYTES * tensors
-        at_step = max(2 * FP32 * (o + largest) for o, largest in zero1_owned_and_largest(numels, step.world_size))
-        stepping = at_step + ADAM_STEP_COUNTER_BYTES * tensors
+        optimizer = 2 * FP32 * max(owned for owned, _ in placed) + ADAM_STEP_COUNTER_BYTES * tensors
+        stepping = 2 * FP32 * max(owned + largest for owned, largest in placed) + ADAM_STEP_COUNTER_BYTES * tensors
     else:
         optimizer = 2 * FP32 * psi + ADAM_STEP_COUNTER_BYTES * step.num_tensors
         stepping = optimizer + 2 * FP32 * max(numels)
