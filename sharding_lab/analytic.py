@@ -169,9 +169,8 @@ def fsdp_rank_numel(shape: Sequence[int], world_size: int, rank: int) -> int:
     """Elements rank `rank` really holds of a parameter, padding left out: FSDP2 splits dim 0 as
     torch.chunk does, ceil(dim0/N) rows per rank until the rows run out, so the last ranks may hold
     fewer rows, or none."""
-    dims = tuple(shape) or (1,)
-    rows = -(-dims[0] // world_size)
-    return max(0, min(rows, dims[0] - rank * rows)) * math.prod(dims[1:])
+    shard = fsdp_shard_numel(shape, world_size)
+    return max(0, min(shard, math.prod(shape) - rank * shard))
 
 
 def fsdp_padded_numel(shapes: Iterable[Sequence[int]], world_size: int) -> int:

@@ -278,8 +278,9 @@ def _question(raw: Any, deck_id: str, index: int, line: int, check: _Checker) ->
                     check.add(choice.line, "a distractor needs a one-line 'why_wrong'", label, f"{field}.why_wrong")
             else:
                 reason = check.text(choice, "why_wrong", label, f"{field}.why_wrong")
-                if "\n" in reason:  # shown as one line beside its choice, in the app and on Anki's back side
-                    check.add(choice.key_lines["why_wrong"], f"must be one line, got {reason.count(chr(10)) + 1} "
+                lines = reason.count("\n") + 1  # shown as one line beside its choice, in the app and on Anki's back
+                if lines > 1:
+                    check.add(choice.key_lines["why_wrong"], f"must be one line, got {lines} "
                               "(a folded `>` block joins its lines)", label, f"{field}.why_wrong")
             if text in choices:
                 check.add(choice.line, f"repeats the choice {text!r}", label, f"{field}.text")

@@ -148,7 +148,7 @@ def report_persistence(a: Persistence) -> Report:
             name,
             numel,
             f"whole + its 1/{n} slice" if numel <= DEEPSPEED_PERSISTENCE_THRESHOLD else f"1/{n} per rank",
-            -(-numel // n) + (numel if numel <= DEEPSPEED_PERSISTENCE_THRESHOLD else 0),
+            deepspeed_zero3_params_per_rank([numel], n),
             fsdp_shard_numel(shape, n),
         )
         for name, shape in parameter_shapes(GPTConfig(**a.m.config.model))
