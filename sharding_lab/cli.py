@@ -192,10 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from sharding_lab.engine.launch import RankFailed
+    from sharding_lab.engine.launch import RankFailed, sigterm_unwinds
 
     try:
-        return args.func(args)
+        with sigterm_unwinds():
+            return args.func(args)
     except BrokenPipeError:  # `... --json | head`: the reader left; say nothing more, as Unix tools do
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not raise again

@@ -1,5 +1,6 @@
 """The app's lab server (studyapp.lab_runs.server): one long-lived child answers every run (the warm
-ranks live in it), a run past its timeout or a stop kills the child's whole group, a child that dies
+ranks live in it), a run past its timeout or a stop ends the child's whole group (SIGTERM, then
+SIGKILL; the real server leaves no files or semaphores), a child that dies
 fails its run clearly and the next run starts a fresh one. Runs the fake tests/data/fake_lab_server.py;
 tests/test_sharding_pool.py, test_lab_runs' real-lab test and the last test here cover the real
 `sharding-lab serve-labs`."""
@@ -9,10 +10,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 from test_lab_runs import devices_command, finished, post_run, process_gone, wait_for
+from test_sharding_launch import shared_semaphores
 
 from studyapp.lab_runs import RunStatus, devices, start_worker
 from studyapp.lab_runs import worker as worker_module
@@ -113,3 +116,33 @@ def test_the_real_lab_server_runs_a_lab_on_the_device_asked_and_refuses_an_unkno
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout) == {"error": "unknown device 'tpu'; choose one of cpu, cuda"}
+
+
+def test_the_real_lab_server_leaves_no_files_or_semaphores_when_stopped_or_timed_out(tmp_path, monkeypatch):
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))  # the child's temporary files: its pools' folders
+    semaphores = shared_semaphores()
+    server = LabServer(server_argv(idle_timeout_s=60, timeout_s=240))
+    try:
+        assert server.run(LAB, 2, timeout_s=240).status == RunStatus.done
+        assert any(path.name.startswith("sharding-lab-pool-") for path in temp.iterdir()), "a warm pool's folder"
+        assert shared_semaphores() - semaphores, "its ranks' queues hold semaphores while the pool is up"
+        pid = server.pid
+    finally:
+        server.stop()
+    assert process_gone(pid)
+    assert [path.name for path in temp.iterdir() if path.name.startswith("sharding-lab")] == []
+    assert shared_semaphores() - semaphores == set()
+
+    # Stopped mid-run (a timeout or the worker's stop): once the fresh child's pool is up, before it answers.
+    outcomes = []
+    running = threading.Thread(target=lambda: outcomes.append(server.run("reshard-after-forward", 2, timeout_s=240)))
+    running.start()
+    wait_for(lambda: any(path.name.startswith("sharding-lab-pool-") for path in temp.iterdir()), 120, "the pool up")
+    server.stop()
+    running.join(30)
+    assert outcomes[0].status == RunStatus.failed, "stopped before it answered"
+    assert "exited with status 143" in outcomes[0].error, "it unwound from SIGTERM, not SIGKILL"
+    assert [path.name for path in temp.iterdir() if path.name.startswith("sharding-lab")] == []
+    assert shared_semaphores() - semaphores == set()

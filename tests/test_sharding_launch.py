@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sharding_lab.engine.launch import RankFailed, run_ranks, timed_out
+from sharding_lab.engine.launch import RankFailed, run_ranks, sigterm_unwinds, timed_out
 
 pytestmark = pytest.mark.slow
 
@@ -233,6 +233,60 @@ def test_ranks_die_with_a_parent_killed_without_cleanup(tmp_path):
     for pid in survivors:  # do not leave them running if the launcher failed to
         os.kill(pid, signal.SIGKILL)
     assert survivors == []
+
+
+def test_a_sigtermed_launcher_stops_its_ranks_and_removes_its_files(tmp_path):
+    import subprocess
+    import sys
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_sharding_launch import hang_in_rank_1\n"
+        "from sharding_lab.engine.launch import run_ranks, sigterm_unwinds\n"
+        "if __name__ == '__main__':\n"
+        "    with sigterm_unwinds():\n"
+        "        run_ranks(hang_in_rank_1, 2, timeout_s=600)\n"
+    )
+    semaphores = shared_semaphores()
+    parent = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.DEVNULL,
+                              env={**os.environ, "TMPDIR": str(temp)})
+    ranks: list[int] = []
+    deadline = time.monotonic() + 60
+    while len(ranks) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        ranks = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/stat")
+                 if _parent_of(p) == parent.pid and "resource_tracker" not in _cmdline(p.parent)]
+    assert len(ranks) == 2
+    assert [path.name for path in temp.iterdir() if path.name.startswith("sharding-lab-")], "the ranks' folder"
+    parent.terminate()
+    assert parent.wait(20) == 143, "SystemExit(128 + SIGTERM): it unwound"
+    assert all(_state(pid) in ("gone", "Z") for pid in ranks)
+    assert [path.name for path in temp.iterdir() if path.name.startswith("sharding-lab-")] == []
+    assert shared_semaphores() - semaphores == set()
+
+
+def test_sigterm_unwinds_only_where_it_may_and_puts_the_handler_back(monkeypatch):
+    before = signal.getsignal(signal.SIGTERM)
+    with sigterm_unwinds():
+        during = signal.getsignal(signal.SIGTERM)
+        with pytest.raises(SystemExit) as exit_info:
+            during(signal.SIGTERM, None)
+    assert exit_info.value.code == 143 and during is not before
+    assert signal.getsignal(signal.SIGTERM) is before
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with sigterm_unwinds():  # a torchrun rank: its agent's SIGTERM keeps its default meaning
+        assert signal.getsignal(signal.SIGTERM) is before
+
+
+def shared_semaphores() -> set[str]:
+    """Python's named semaphores (multiprocessing's queues and locks), which a SIGKILLed launcher leaves."""
+    return {name for name in os.listdir("/dev/shm") if name.startswith("sem.")} if os.path.isdir("/dev/shm") else set()
 
 
 def _parent_of(stat: Path) -> int | None:

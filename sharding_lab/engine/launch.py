@@ -20,6 +20,7 @@ seconds, a process group can run many configurations in a row.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import itertools
@@ -32,9 +33,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -112,6 +114,26 @@ class RankContext:
 
 def under_torchrun() -> bool:
     return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+
+
+@contextlib.contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """Within it, SIGTERM (the study app's stop, a `kill`) raises SystemExit(143), so this process
+    unwinds as from any error: its ranks are stopped and its temporary files removed, where the default
+    action would leave them and the semaphores its ranks share. Not under torchrun (its agent stops ranks
+    its own way) nor off the main thread; the previous handler comes back on leaving."""
+    if under_torchrun() or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def run_ranks(

@@ -2,8 +2,8 @@
 
 The web process never imports torch: a lab is always a child process, started from a fixed argv
 list (no shell) built only from a registered lab id, a whole-number world size and a device of
-run_config.DEVICES, and killed with its whole process group (the ranks it spawned included) when it
-overruns its timeout.
+run_config.DEVICES. One that overruns its timeout is stopped (SIGTERM, so it tears down its ranks and
+temporary files), then killed with its whole process group, the ranks it spawned included.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ from sharding_lab.run_config import DEVICES  # no torch
 from studyapp.models import LabRun, RunStatus
 
 STDERR_TAIL_CHARS = 2000  # enough for a traceback's end, small enough to store with every failure
+TERM_GRACE_S = 5.0  # for a lab process to stop its ranks after SIGTERM (a pool closes in at most 3 s)
 
 
 def default_command() -> list[str]:
@@ -120,7 +122,7 @@ def run_json_process(
     try:
         stdout, stderr = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        kill_group(process)
+        stop_group(process)
         stdout, stderr = _drain(process)
         return Outcome(RunStatus.failed, error=f"timed out after {timeout_s:g} s; {stopped}." + _tail(stderr))
     if process.returncode < 0:  # killed by a signal: a shutdown stopped it, or the OS did
@@ -129,6 +131,34 @@ def run_json_process(
     if result is None:
         return Outcome(RunStatus.failed, error=f"exit status {process.returncode}, {no_json}." + _tail(stderr))
     return Outcome(RunStatus.done, result=result)
+
+
+def stop_group(process: subprocess.Popen, grace_s: float = TERM_GRACE_S) -> None:
+    """Stop the process and everything in its group: SIGTERM first, which the lab CLI answers by
+    stopping its ranks and removing its temporary files (a SIGKILL would leave them, and the
+    semaphores its ranks share in /dev/shm); SIGKILL for the whole group after `grace_s`."""
+    if not exited(process, 0.0):
+        try:
+            process.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        exited(process, grace_s)
+    kill_group(process)
+
+
+def exited(process: subprocess.Popen, timeout_s: float) -> bool:
+    """Wait up to `timeout_s` for the process to exit, leaving it unreaped (its zombie keeps the group
+    id from being reused before `kill_group`); whether it has exited."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return True
+        except ChildProcessError:  # reaped already (by a thread in communicate(), say)
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
 
 
 def kill_group(process: subprocess.Popen) -> None:

@@ -2,9 +2,11 @@
 
 The web process never imports torch, so the warm ranks live in a child it owns (started on the first
 run, in its own process group): one JSON request per line on its stdin, one answer per line on its
-stdout (sharding_lab.engine.lab_server). A run that overruns its timeout, or a stop, kills the child's
-whole group (the ranks die with it); so does a child that stopped answering. The next run starts a
-fresh one. A failed rank is the child's business: it answers with the error and rebuilds its pool.
+stdout (sharding_lab.engine.lab_server). A stop, a run that overruns its timeout or a child that stopped
+answering sends it SIGTERM: it ends its pools, removes their files and exits, as at the end of its input.
+Whatever is left of its process group after a few seconds, ranks included, is SIGKILLed. The next run
+starts a fresh one. A failed rank is the child's business: it answers with the error and
+rebuilds its pool.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Sequence
 
 from sharding_lab.labs.registry import LABS  # metadata only: no torch
 from sharding_lab.run_config import DEVICES  # no torch
-from studyapp.lab_runs.process import STDERR_TAIL_CHARS, Outcome, kill_group
+from studyapp.lab_runs.process import STDERR_TAIL_CHARS, Outcome, stop_group
 from studyapp.models import RunStatus
 
 
@@ -87,12 +89,13 @@ class LabServer:
         return Outcome(RunStatus.done, result=result)
 
     def stop(self) -> None:
-        """Kill the child and its ranks (its whole process group); the next run starts a fresh one."""
+        """End the child and its ranks (`stop_group`: SIGTERM, which it answers by ending its pools and
+        their files, then SIGKILL for its whole group); the next run starts a fresh one."""
         with self._lock:
             process, self.process = self.process, None
         if process is None:
             return
-        kill_group(process)
+        stop_group(process)
         try:
             process.wait(timeout=10)
         except subprocess.TimeoutExpired:

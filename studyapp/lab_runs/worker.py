@@ -37,7 +37,7 @@ from sqlmodel import Session
 
 from studyapp.db import get_engine
 from studyapp.lab_runs import plan_runs
-from studyapp.lab_runs.process import Outcome, default_command, kill_group, lab_outcome, run_params
+from studyapp.lab_runs.process import Outcome, default_command, lab_outcome, run_params, stop_group
 from studyapp.lab_runs.queue import ACTIVE, claim_next, fail_interrupted, finish, next_queued
 from studyapp.lab_runs.server import LabServer, server_argv
 from studyapp.models import LabRun, RunStatus
@@ -133,7 +133,7 @@ class LabWorker:
         self._wake.set()
         process = self._process
         if process is not None and process.poll() is None:
-            kill_group(process)
+            stop_group(process)
         if self.lab_server is not None:
             self.lab_server.stop()
         if self._thread is not None:
@@ -207,7 +207,7 @@ class LabWorker:
     def _started(self, process: subprocess.Popen) -> None:
         self._process = process
         if self._stop.is_set():  # stop() came between the claim and the start
-            kill_group(process)
+            stop_group(process)
 
 
 def app_worker(app: Flask) -> LabWorker | None:

@@ -1,0 +1,83 @@
+"""How the app stops a lab process (studyapp.lab_runs.process.stop_group): SIGTERM first, so the lab
+can tear down its ranks and files, then SIGKILL for whatever is left of its process group. Runs small
+stand-in processes; tests/test_lab_server.py holds the real `sharding-lab serve-labs` to the same."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_lab_runs import process_gone, wait_for
+
+from studyapp.lab_runs.process import exited, stop_group
+
+pytestmark = pytest.mark.slow  # starts processes
+
+# A lab stand-in: it starts a grandchild (like its ranks), says it is ready, and on SIGTERM writes
+# `cleaned` before it exits, as the lab CLI removes its files; with "ignore" it shrugs SIGTERM off.
+STAND_IN = """
+import signal, subprocess, sys, time
+mode, marker = sys.argv[1], sys.argv[2]
+grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+def on_term(signum, frame):
+    if mode == "ignore":
+        return
+    open(marker, "w").write(f"cleaned {grandchild.pid}")
+    grandchild.kill()
+    sys.exit(143)
+signal.signal(signal.SIGTERM, on_term)
+print(grandchild.pid, flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def stand_in(mode: str, marker: Path) -> tuple[subprocess.Popen, int]:
+    process = subprocess.Popen([sys.executable, "-c", STAND_IN, mode, str(marker)], stdout=subprocess.PIPE,
+                               text=True, start_new_session=True)
+    return process, int(process.stdout.readline())
+
+
+def test_a_process_that_answers_sigterm_cleans_up_before_anything_is_killed(tmp_path):
+    marker = tmp_path / "marker"
+    process, grandchild = stand_in("clean", marker)
+    stop_group(process, grace_s=10)
+    assert process.wait(5) == 143, "it exited through its own handler"
+    assert marker.read_text() == f"cleaned {grandchild}", "its own cleanup ran"
+    wait_for(lambda: process_gone(grandchild), 10, "the grandchild gone")
+
+
+def test_one_that_ignores_sigterm_is_killed_with_its_group_after_the_grace(tmp_path):
+    marker = tmp_path / "marker"
+    process, grandchild = stand_in("ignore", marker)
+    started = time.monotonic()
+    stop_group(process, grace_s=1.0)
+    waited = time.monotonic() - started
+    assert process.wait(5) == -9, "SIGKILLed"
+    assert waited >= 1.0, f"it had its grace first (stopped after {waited:.2f} s)"
+    assert not marker.exists()
+    wait_for(lambda: process_gone(grandchild), 10, "the grandchild killed with the group")
+
+
+def test_a_process_that_has_exited_is_not_signalled_and_stays_unreaped_until_waited():
+    process = subprocess.Popen([sys.executable, "-c", "raise SystemExit(7)"], start_new_session=True)
+    assert exited(process, 30.0)
+    assert process.returncode is None  # a zombie still: its group id cannot be reused yet
+    assert os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    stop_group(process, grace_s=10)
+    assert process.wait(5) == 7, "no SIGTERM reached a process that had already exited"
+
+
+def test_exited_gives_up_after_its_timeout_on_a_running_process():
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        started = time.monotonic()
+        assert not exited(process, 0.3)
+        assert 0.3 <= time.monotonic() - started < 5
+    finally:
+        stop_group(process, grace_s=0)
+        process.wait(5)
