@@ -191,7 +191,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    return _run(build_parser().parse_args(argv))
+
+
+def entry() -> None:
+    """The `sharding-lab` command: `main`, then out. A command that starts no process (`plan`,
+    `estimate`) skips the interpreter's teardown once its answer is flushed: unloading torch's modules
+    took 0.7-1.0 s on a 2-core machine, after the answer, and frees nothing the kernel does not."""
+    args = build_parser().parse_args()
+    code = _run(args)
+    if getattr(args, "exit_without_teardown", False):
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except (BrokenPipeError, ValueError):  # the reader left: as main's BrokenPipeError
+            code = code or 1
+        os._exit(code)
+    sys.exit(code)
+
+
+def _run(args: argparse.Namespace) -> int:
     from sharding_lab.engine.launch import RankFailed, sigterm_unwinds
 
     try:
@@ -210,4 +229,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry()

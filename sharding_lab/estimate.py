@@ -340,4 +340,4 @@ def register(subparsers) -> None:
     parser.add_argument("--size", help="model size for --simulate (tiny, gpt2-small, ..., 70b; default tiny)")
     parser.add_argument("--batch", type=positive_int, help="micro-batch size per rank for --simulate (default 1)")
     parser.add_argument("--seq", type=positive_int, help="sequence length for --simulate (default: 128 or block_size)")
-    parser.set_defaults(func=run_estimate)
+    parser.set_defaults(func=run_estimate, exit_without_teardown=True)  # cli.entry

@@ -343,4 +343,4 @@ def register(subparsers, *, simulate: Simulator | None = None) -> None:
     parser.add_argument("--grad-accum", type=at_most(BOUNDS.grad_accum), default=1, help="micro-batches per optimizer step")
     parser.add_argument("--simulate", action="store_true", help="add the FSDP2 simulation (slow: seconds to a minute)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    parser.set_defaults(func=lambda args: run_plan(args, simulate))
+    parser.set_defaults(func=lambda args: run_plan(args, simulate), exit_without_teardown=True)  # cli.entry

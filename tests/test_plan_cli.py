@@ -146,3 +146,29 @@ def test_all_with_cpu_offload_says_which_strategies_it_left_out(capsys):
     code, out, err = run(["--size", "mini", "--gpus", "8", "--strategy", "all", "--cpu-offload", "--json"], capsys)
     assert code == 0 and list(json.loads(out)["strategies"]) == ["zero2", "zero3"]
     assert "ddp, zero1 left out: CPU offload and HSDP are FSDP2's (planning zero2, zero3)" in err
+
+
+@pytest.mark.slow
+def test_the_command_exits_without_teardown_once_its_whole_answer_is_out(tmp_path):
+    """`sharding-lab plan` as a process (cli.entry): the JSON arrives whole through a pipe, with the
+    exit status main returns, and the atexit handlers a teardown would run are skipped."""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "atexit-ran"
+    # The simulation imports torch; an atexit handler registered before shows whether teardown ran.
+    script = (f"import atexit, sys; atexit.register(lambda: open({str(marker)!r}, 'w').close()); "
+              "sys.argv[0] = 'sharding-lab'; from sharding_lab.cli import entry; entry()")
+    argv = ["plan", "--size", "mini", "--gpus", "2", "--micro-batch", "2", "--seq", "64", "--simulate", "--json"]
+    done = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["strategies"]["zero3"]["simulation"]["peak"]["total_bytes"] > 0
+    assert not marker.exists(), "no teardown: atexit handlers skipped"
+
+    refused = subprocess.run([sys.executable, "-c", script, "plan", "--size", "mini", "--gpus", "2", "--seq", "0"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--seq" in refused.stderr and "Traceback" not in refused.stderr
+
+    # A command that starts processes keeps its teardown (multiprocessing's cleanup runs at exit).
+    listed = subprocess.run([sys.executable, "-c", script, "list"], capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0 and marker.exists()

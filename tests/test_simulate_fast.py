@@ -1,5 +1,5 @@
-"""The extrapolated simulation (3 and 4 blocks) byte-equal to simulating every block, for every engine
-option; and the extrapolation itself, torch-free, on synthetic steps whose peak moves as L grows."""
+"""The extrapolated simulation (3 and 4 blocks, after the quick warm-up) byte-equal to simulating every
+block after a whole warm-up step, for every engine option; and the extrapolation itself, torch-free, on synthetic steps whose peak moves as L grows."""
 
 from __future__ import annotations
 
@@ -114,10 +114,11 @@ def _bytes(result) -> tuple:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_extrapolated_is_byte_equal_to_every_block_simulated(name):
-    from sharding_lab.engine.simulate import simulate
+    from sharding_lab.engine.simulate import Warmup, simulate
 
     config = CONFIGS[name]
-    fast, full = simulate(config), simulate(config, method="full")
+    # The slowest faithful simulation: every block, after a whole warm-up step as measure runs it.
+    fast, full = simulate(config), simulate(config, method="full", warmup=Warmup.STEP)
     assert fast.extrapolated and not full.extrapolated, fast.notes
     assert "3 and 4 blocks, extrapolated exactly" in fast.method
     assert "every one of the" in full.method

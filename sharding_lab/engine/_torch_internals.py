@@ -356,6 +356,13 @@ def fake_tensor_mode(**kwargs: Any) -> Any:
     return _load("torch._subclasses.fake_tensor", "FakeTensorMode", "the FakeTensorMode simulation")(**kwargs)
 
 
+def fsdp_lazy_init(root: Any) -> None:
+    """Run FSDP2's lazy initialization of a root and every module under it, as its first forward would."""
+    feature = "the simulation's warm-up"
+    state = _attribute(root, "_get_fsdp_state", feature)()
+    _attribute(state, "_lazy_init", feature)()
+
+
 def fake_store() -> Any:
     """The store for torch's `fake` process group (importing its module registers the backend)."""
     return _load("torch.testing._internal.distributed.fake_pg", "FakeStore", "the fake process group")()

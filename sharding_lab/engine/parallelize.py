@@ -17,7 +17,6 @@ import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel
 
 from sharding_lab.engine import _torch_internals as internals
@@ -88,6 +87,10 @@ def _apply_ddp(
         return ddp_model, lambda: _adam(ddp_model.parameters(), options.lr)
 
     def make_zero1_optimizer() -> torch.optim.Optimizer:
+        # Imported here: torch.distributed.optim takes 0.23 s to import, which the FSDP strategies
+        # (and so every `plan --simulate`) would pay for nothing.
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
         return ZeroRedundancyOptimizer(
             ddp_model.parameters(),
             optimizer_class=torch.optim.Adam,
