@@ -204,28 +204,36 @@ def test_a_rank_killed_by_a_signal_is_named(children_before_the_test):
     assert new_children(children_before_the_test) == []
 
 
-def test_ranks_die_with_a_parent_killed_without_cleanup(tmp_path):
+def launcher_with_two_hanging_ranks(tmp_path: Path, *, unwinding: bool, env: dict | None = None):
+    """A parent process running `run_ranks(hang_in_rank_1, 2)` (inside `sigterm_unwinds` when
+    `unwinding`), once both of its ranks are up: the parent and the ranks' pids."""
     import subprocess
     import sys
 
-    # A parent that starts two hanging ranks, writes their pids, and is then SIGKILLed.
     script = tmp_path / "parent.py"
+    run = "run_ranks(hang_in_rank_1, 2, timeout_s=600)"
     script.write_text(
-        "import sys, multiprocessing as mp\n"
+        "import sys\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
         "from test_sharding_launch import hang_in_rank_1\n"
-        "from sharding_lab.engine.launch import run_ranks\n"
+        "from sharding_lab.engine.launch import run_ranks, sigterm_unwinds\n"
         "if __name__ == '__main__':\n"
-        "    run_ranks(hang_in_rank_1, 2, timeout_s=600)\n"
+        + (f"    with sigterm_unwinds():\n        {run}\n" if unwinding else f"    {run}\n")
     )
-    parent = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.DEVNULL)
+    parent = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.DEVNULL, env=env)
     ranks: list[int] = []
     deadline = time.monotonic() + 60
     while len(ranks) < 2 and time.monotonic() < deadline:
-        time.sleep(0.5)
+        time.sleep(0.2)
         ranks = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/stat")
                  if _parent_of(p) == parent.pid and "resource_tracker" not in _cmdline(p.parent)]
     assert len(ranks) == 2
+    return parent, ranks
+
+
+def test_ranks_die_with_a_parent_killed_without_cleanup(tmp_path):
+    # A parent that starts two hanging ranks and is then SIGKILLed.
+    parent, ranks = launcher_with_two_hanging_ranks(tmp_path, unwinding=False)
     parent.kill()
     parent.wait()
     time.sleep(1.0)
@@ -236,31 +244,10 @@ def test_ranks_die_with_a_parent_killed_without_cleanup(tmp_path):
 
 
 def test_a_sigtermed_launcher_stops_its_ranks_and_removes_its_files(tmp_path):
-    import subprocess
-    import sys
-
     temp = tmp_path / "tmp"
     temp.mkdir()
-    script = tmp_path / "parent.py"
-    script.write_text(
-        "import sys\n"
-        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "from test_sharding_launch import hang_in_rank_1\n"
-        "from sharding_lab.engine.launch import run_ranks, sigterm_unwinds\n"
-        "if __name__ == '__main__':\n"
-        "    with sigterm_unwinds():\n"
-        "        run_ranks(hang_in_rank_1, 2, timeout_s=600)\n"
-    )
     semaphores = shared_semaphores()
-    parent = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.DEVNULL,
-                              env={**os.environ, "TMPDIR": str(temp)})
-    ranks: list[int] = []
-    deadline = time.monotonic() + 60
-    while len(ranks) < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
-        ranks = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/stat")
-                 if _parent_of(p) == parent.pid and "resource_tracker" not in _cmdline(p.parent)]
-    assert len(ranks) == 2
+    parent, ranks = launcher_with_two_hanging_ranks(tmp_path, unwinding=True, env={**os.environ, "TMPDIR": str(temp)})
     assert [path.name for path in temp.iterdir() if path.name.startswith("sharding-lab-")], "the ranks' folder"
     parent.terminate()
     assert parent.wait(20) == 143, "SystemExit(128 + SIGTERM): it unwound"
