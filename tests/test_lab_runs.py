@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from sqlmodel import Session, select
+from test_sharding_launch import shared_semaphores
 
 from sharding_lab.labs.registry import LABS
 from studyapp import create_app, lab_runs
@@ -407,9 +408,16 @@ worker.stop()
 print(json.dumps({{"body": body, "seconds": time.monotonic() - started, "page_has_chart": "<svg viewBox" in page,
                   "torch": sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))}}))
 """
-    env = {k: v for k, v in os.environ.items() if k != "STUDYAPP_DATABASE_URL"}
+    temp = tmp_path / "tmp"  # the app's and its lab server's temporary files
+    temp.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "STUDYAPP_DATABASE_URL"} | {"TMPDIR": str(temp)}
+    semaphores = shared_semaphores()
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    # The worker's stop ended its lab server, which ended its pool: no folder, no semaphore left. (The
+    # server dies with the worker thread that started it, so that thread must outlive its cleanup.)
+    assert [path.name for path in temp.iterdir() if path.name.startswith("sharding-lab")] == []
+    assert shared_semaphores() - semaphores == set()
     report = json.loads(done.stdout.strip().splitlines()[-1])
     body = report["body"]
     assert body["status"] == "done", body.get("error")

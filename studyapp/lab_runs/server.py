@@ -41,6 +41,10 @@ class LabServer:
         self._answers: queue.Queue[str | None] = queue.Queue()
         self._stderr: collections.deque[str] = collections.deque(maxlen=200)
         self._lock = threading.Lock()
+        # Held through a stop, so a second caller returns only once the child is gone: the thread that
+        # started the child must outlive it, since the child dies with that thread (PR_SET_PDEATHSIG
+        # fires when the creating thread ends), by SIGKILL, in the middle of its cleanup.
+        self._stopping = threading.Lock()
 
     @property
     def pid(self) -> int | None:
@@ -91,15 +95,16 @@ class LabServer:
     def stop(self) -> None:
         """End the child and its ranks (`stop_group`: SIGTERM, which it answers by ending its pools and
         their files, then SIGKILL for its whole group); the next run starts a fresh one."""
-        with self._lock:
-            process, self.process = self.process, None
-        if process is None:
-            return
-        stop_group(process)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+        with self._stopping:
+            with self._lock:
+                process, self.process = self.process, None
+            if process is None:
+                return
+            stop_group(process)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
 
     def _started(self) -> subprocess.Popen:
         with self._lock:

@@ -142,20 +142,26 @@ class LabWorker:
             self.lab_server.stop()
 
     def _loop(self) -> None:
-        with runner_lock(lock_path(self.app), stop=self._stop) as held:
-            if held:
-                cut_off = fail_interrupted(self.engine, INTERRUPTED)
-                if cut_off:
-                    self.app.logger.warning("lab runs: %d cut off by a restart marked failed", cut_off)
-        while not self._stop.is_set():
-            self._wake.clear()
-            try:
-                ran = self.run_next()
-            except Exception:  # a database hiccup must not end the worker
-                self.app.logger.exception("lab worker: run failed")
-                ran = False
-            if not ran:
-                self._wake.wait(POLL_S)
+        try:
+            with runner_lock(lock_path(self.app), stop=self._stop) as held:
+                if held:
+                    cut_off = fail_interrupted(self.engine, INTERRUPTED)
+                    if cut_off:
+                        self.app.logger.warning("lab runs: %d cut off by a restart marked failed", cut_off)
+            while not self._stop.is_set():
+                self._wake.clear()
+                try:
+                    ran = self.run_next()
+                except Exception:  # a database hiccup must not end the worker
+                    self.app.logger.exception("lab worker: run failed")
+                    ran = False
+                if not ran:
+                    self._wake.wait(POLL_S)
+        finally:
+            # This thread started the lab server, which the kernel kills when this thread ends: it ends
+            # the server first (or waits for stop() to), so the server's pools are cleaned up.
+            if self.lab_server is not None:
+                self.lab_server.stop()
 
     def run_next(self) -> bool:
         """Run the oldest queued run, if any; whether one ran."""
