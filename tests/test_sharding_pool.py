@@ -84,6 +84,28 @@ def test_a_hung_rank_ends_the_batch_at_the_timeout_with_its_stack(before):
     assert new_children(before) == []
 
 
+def test_a_start_interrupted_between_ranks_raises_its_own_error_and_leaves_nothing(before, monkeypatch):
+    # A SIGTERM can land while the pool starts its ranks: the first has started, the second never will.
+    import multiprocessing.context
+
+    from sharding_lab.engine.pool import RankPool
+
+    real_start, starts = multiprocessing.context.SpawnProcess.start, []
+
+    def start_then_interrupt(process):
+        starts.append(process.name)
+        if len(starts) == 2:
+            raise SystemExit(143)
+        real_start(process)
+
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", start_then_interrupt)
+    pool = RankPool(2)
+    with pytest.raises(SystemExit):  # not "can only join a started process" from the cleanup
+        pool.start()
+    assert len(starts) == 2 and not pool.started
+    assert new_children(before) == []
+
+
 def test_an_idle_pool_ends_by_itself(before):
     pools = Pools(idle_timeout_s=1.0)
     try:

@@ -120,7 +120,8 @@ class RankPool:
                     pass
         deadline = time.monotonic() + (3.0 if graceful else 0.0)
         for process in self._processes:
-            process.join(timeout=max(0.0, deadline - time.monotonic()))
+            if process.pid is not None:  # a start that raised (a SIGTERM, say) left the rest unstarted
+                process.join(timeout=max(0.0, deadline - time.monotonic()))
         launch._stop_all(self._processes)
         self._results.close()
         self._results.cancel_join_thread()
