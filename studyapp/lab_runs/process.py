@@ -143,12 +143,12 @@ def stop_group(process: subprocess.Popen, grace_s: float = TERM_GRACE_S) -> None
         except ProcessLookupError:
             pass
         exited(process, grace_s)
-    kill_group(process)
+    _kill_group(process)
 
 
 def exited(process: subprocess.Popen, timeout_s: float) -> bool:
     """Wait up to `timeout_s` for the process to exit, leaving it unreaped (its zombie keeps the group
-    id from being reused before `kill_group`); whether it has exited."""
+    id from being reused before `_kill_group`); whether it has exited."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -161,7 +161,7 @@ def exited(process: subprocess.Popen, timeout_s: float) -> bool:
         time.sleep(0.02)
 
 
-def kill_group(process: subprocess.Popen) -> None:
+def _kill_group(process: subprocess.Popen) -> None:
     """SIGKILL the process and everything in its group, while its leader is unreaped (so the group id
     cannot have been reused)."""
     try:

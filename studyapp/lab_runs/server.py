@@ -33,7 +33,10 @@ def server_argv(idle_timeout_s: float, timeout_s: float) -> list[str]:
 
 
 class LabServer:
-    """The child that runs labs on warm ranks; `run` one lab at a time (the worker's lock sees to that)."""
+    """The child that runs labs on warm ranks; `run` one lab at a time (the worker's lock sees to that).
+
+    The child dies with the thread whose `run` started it (`stop` before that thread ends: the worker
+    thread does, in its `finally`)."""
 
     def __init__(self, argv: Sequence[str]):
         self.argv = list(argv)

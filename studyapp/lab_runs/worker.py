@@ -132,13 +132,15 @@ class LabWorker:
         self._stop.set()
         self._wake.set()
         process = self._process
-        if process is not None and process.poll() is None:
+        if process is not None and process.returncode is None:  # not reaped yet: stop_group sees whether it runs
             stop_group(process)
         if self.lab_server is not None:
             self.lab_server.stop()
         if self._thread is not None:
             self._thread.join(timeout_s)
-        if self.lab_server is not None:  # a run claimed between the two stops may have started it again
+        # The thread ends a server it started again before it ends itself; this is for a thread still
+        # running a lab when the join gave up.
+        if self.lab_server is not None:
             self.lab_server.stop()
 
     def _loop(self) -> None:
