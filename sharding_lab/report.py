@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 from rich.console import Console
 from rich.table import Table
 
@@ -34,6 +37,83 @@ DDP_MIXED_PRECISION_SEEN = "on one H200, gpt2-medium at 1 rank: 8.90 GiB by the 
 
 def _field(rank: RankMemory, name: str) -> int:
     return getattr(rank, name)
+
+
+# Past this many distinct per-rank columns a table no longer reads in a terminal (a 64-rank run drew
+# 64 columns one character wide): the columns become rank 0, and each row's least and most.
+MAX_RANK_COLUMNS = 8
+
+
+@dataclass(frozen=True)
+class RankColumn:
+    """One column of a per-rank table: its header and a cell per row."""
+
+    header: str
+    cells: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RankColumns:
+    """The columns a per-rank table shows for its ranks."""
+
+    columns: tuple[RankColumn, ...]
+    ranks: int
+    summarized: bool  # too many distinct ranks: rank 0 beside each row's least and most
+
+    def note(self) -> str:
+        """What the reader needs to know when the columns are fewer than the ranks ('' when they are not)."""
+        if self.summarized:
+            return (f"{self.ranks} ranks, too many distinct to show each: rank 0 beside each row's least and "
+                    "most over the ranks; --json gives every rank's figures.")
+        if len(self.columns) < self.ranks:
+            return f"{self.ranks} ranks in {len(self.columns)} column(s): ranks whose figures are all equal share one."
+        return ""
+
+
+def rank_label(ranks: Sequence[int]) -> str:
+    """Rank numbers in runs: [0] -> 'rank 0', [0, 1, 2, 5] -> 'ranks 0-2, 5'."""
+    runs: list[list[int]] = []
+    for rank in sorted(ranks):
+        if runs and rank == runs[-1][-1] + 1:
+            runs[-1].append(rank)
+        else:
+            runs.append([rank])
+    text = ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
+    return f"rank{'s' if len(ranks) > 1 else ''} {text}"
+
+
+def rank_columns(figures: dict[int, Sequence[int | None]]) -> RankColumns:
+    """The columns of a table with a row per figure, for `figures` (each rank's value of every row,
+    in bytes; None shows as '-').
+
+    Ranks whose figures are all equal share one column ("ranks 0-6"), so nothing is hidden. When more
+    than MAX_RANK_COLUMNS distinct columns remain, rank 0 stands beside each row's least and most
+    value, each naming the ranks that have it."""
+    groups: dict[tuple, list[int]] = {}
+    for rank, values in figures.items():
+        groups.setdefault(tuple(values), []).append(rank)
+    if len(groups) <= MAX_RANK_COLUMNS:
+        columns = [RankColumn(rank_label(ranks), tuple(human_bytes(v) for v in values)) for values, ranks in groups.items()]
+        return RankColumns(tuple(columns), len(figures), summarized=False)
+    first = min(figures)
+    rows = range(len(figures[first]))
+    columns = [
+        RankColumn(rank_label([first]), tuple(human_bytes(v) for v in figures[first])),
+        RankColumn("least", tuple(_extreme(figures, row, min) for row in rows)),
+        RankColumn("most", tuple(_extreme(figures, row, max) for row in rows)),
+    ]
+    return RankColumns(tuple(columns), len(figures), summarized=True)
+
+
+def _extreme(figures: dict[int, Sequence[int | None]], row: int, pick) -> str:
+    present = {rank: values[row] for rank, values in figures.items() if values[row] is not None}
+    if not present:
+        return human_bytes(None)
+    value = pick(present.values())
+    ranks = [rank for rank, v in present.items() if v == value]
+    label = rank_label(ranks)
+    where = label if label.count(",") < 3 else f"{len(ranks)} ranks"  # at most three runs of ranks, or a count
+    return f"{human_bytes(value)} ({where})"
 
 
 def _memory_rows(m: Measurement) -> tuple[tuple[str, str, str | None], ...]:
@@ -97,41 +177,50 @@ def render_measurement(m: Measurement, console: Console | None = None) -> None:
     console = console or Console()
     predicted = m.predicted.model_states_bytes_per_rank
 
+    rows = _memory_rows(m)
+    category_names = [name for name in m.ranks[0].categories if any(rank.categories[name] for rank in m.ranks)]
+    # One grouping for both tables, so their columns are the same ranks.
+    shown = rank_columns({
+        rank.rank: [_field(rank, name) for _, name, _ in rows] + [rank.categories[name] for name in category_names]
+        for rank in m.ranks
+    })
+    columns = shown.columns
+
     memory = Table(title=_title(m) + "; measured, with the analytic model's prediction")
     memory.add_column("per rank")
-    for rank in m.ranks:
-        memory.add_column(f"rank {rank.rank}", justify="right")
+    for column in columns:
+        memory.add_column(column.header, justify="right")
     memory.add_column("predicted", justify="right", style="cyan")
-    for label, name, part in _memory_rows(m):
-        cells = [human_bytes(_field(rank, name)) for rank in m.ranks]
-        memory.add_row(label, *cells, human_bytes(predicted.get(part)) if part else "")
+    for row, (label, _, part) in enumerate(rows):
+        memory.add_row(label, *(column.cells[row] for column in columns), human_bytes(predicted.get(part)) if part else "")
     console.print(memory)
 
     categories = Table(title="Peak memory by category (breakdown of the peak moment, measured by the tracker)")
     categories.add_column("category")
-    for rank in m.ranks:
-        categories.add_column(f"rank {rank.rank}", justify="right")
-    for name in m.ranks[0].categories:
-        values = [rank.categories[name] for rank in m.ranks]
-        if any(values):
-            categories.add_row(name, *(human_bytes(v) for v in values))
+    for column in columns:
+        categories.add_column(column.header, justify="right")
+    for row, name in enumerate(category_names, start=len(rows)):
+        categories.add_row(name, *(column.cells[row] for column in columns))
     console.print(categories)
+    if note := shown.note():
+        console.print(f"  [dim]{note}[/dim]")
     if m.config.strategy.fully_sharded:
         console.print(f"  [dim]Unsharded gradients: counted by {TRACKER_GRADIENT_FILING}.[/dim]")
 
     comm = Table(title="Collectives in one step (rank 0); wire bytes derived from ring formulas over each "
                  "collective's group")
-    for column in ("op", "mesh dim", *PHASES, "count", "bytes", "wire bytes (derived)"):
-        comm.add_column(column, justify="left" if column == "op" else "right")
+    comm.add_column("op", no_wrap=True)
+    for column in ("mesh dim", f"count ({' / '.join(PHASES)})", "bytes", "wire bytes (derived)"):
+        comm.add_column(column, justify="right")
     totals = m.comm.totals()
     for op in OPS:
         ops = m.collectives(op=op)
         if not ops:
             continue
-        by_phase = [str(sum(1 for c in ops if c.phase == phase)) for phase in PHASES]
+        by_phase = " / ".join(str(sum(1 for c in ops if c.phase == phase)) for phase in PHASES)
         total = totals[op]
         dims = ", ".join(dict.fromkeys(f"{c.mesh_dim} ({c.group_size})" for c in ops if c.mesh_dim)) or "-"
-        comm.add_row(op, dims, *by_phase, str(total.count), human_bytes(total.bytes), human_bytes(total.wire_bytes_derived))
+        comm.add_row(op, dims, f"{total.count} ({by_phase})", human_bytes(total.bytes), human_bytes(total.wire_bytes_derived))
     console.print(comm)
     _print_footer(m, console)
 
