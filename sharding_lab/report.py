@@ -173,6 +173,12 @@ def _title(m: Measurement) -> str:
     )
 
 
+def _titled(title: str, console: Console) -> Table:
+    """A table at least as wide as its title where the console has room: grouped rank columns can make a
+    table narrower than its title, which rich would then wrap into a tall, thin block."""
+    return Table(title=title, min_width=min(len(title), console.width))
+
+
 def render_measurement(m: Measurement, console: Console | None = None) -> None:
     console = console or Console()
     predicted = m.predicted.model_states_bytes_per_rank
@@ -186,7 +192,7 @@ def render_measurement(m: Measurement, console: Console | None = None) -> None:
     })
     columns = shown.columns
 
-    memory = Table(title=_title(m) + "; measured, with the analytic model's prediction")
+    memory = _titled(_title(m) + "; measured, with the analytic model's prediction", console)
     memory.add_column("per rank")
     for column in columns:
         memory.add_column(column.header, justify="right")
@@ -195,7 +201,7 @@ def render_measurement(m: Measurement, console: Console | None = None) -> None:
         memory.add_row(label, *(column.cells[row] for column in columns), human_bytes(predicted.get(part)) if part else "")
     console.print(memory)
 
-    categories = Table(title="Peak memory by category (breakdown of the peak moment, measured by the tracker)")
+    categories = _titled("Peak memory by category (breakdown of the peak moment, measured by the tracker)", console)
     categories.add_column("category")
     for column in columns:
         categories.add_column(column.header, justify="right")
