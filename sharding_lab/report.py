@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from rich.console import Console
@@ -39,9 +39,16 @@ def _field(rank: RankMemory, name: str) -> int:
     return getattr(rank, name)
 
 
-# Past this many distinct per-rank columns a table no longer reads in a terminal (a 64-rank run drew
-# 64 columns one character wide): the columns become rank 0, and each row's least and most.
-MAX_RANK_COLUMNS = 8
+# A per-rank table's room: its label column and the predicted one take about this much of the width,
+# and a cell such as "1023.9 KiB" with its padding and border this much. Past the columns that fit, a
+# table no longer reads (a 64-rank run drew 64 columns one character wide).
+_FIXED_WIDTH, _CELL_WIDTH = 43, 13
+
+
+def rank_columns_that_fit(width: int) -> int:
+    """How many rank columns a per-rank table shows on a console `width` characters wide (at least 3:
+    rank 0, least and most)."""
+    return max(3, (width - _FIXED_WIDTH) // _CELL_WIDTH)
 
 
 @dataclass(frozen=True)
@@ -59,15 +66,18 @@ class RankColumns:
     columns: tuple[RankColumn, ...]
     ranks: int
     summarized: bool  # too many distinct ranks: rank 0 beside each row's least and most
+    # Summarized: for each row whose ranks differ, (row index, which ranks hold its least and its most).
+    where: tuple[tuple[int, str], ...] = ()
 
-    def note(self) -> str:
-        """What the reader needs to know when the columns are fewer than the ranks ('' when they are not)."""
+    def notes(self, row_labels: Sequence[str]) -> list[str]:
+        """What the reader needs to know when the columns are fewer than the ranks (nothing when they are not)."""
         if self.summarized:
-            return (f"{self.ranks} ranks, too many distinct to show each: rank 0 beside each row's least and "
-                    "most over the ranks; --json gives every rank's figures.")
+            return [f"{self.ranks} ranks, too many distinct to show each: rank 0 beside each row's least and most "
+                    "over the ranks; --json gives every rank's figures."] + [
+                    f"{row_labels[row]}: {where}" for row, where in self.where]
         if len(self.columns) < self.ranks:
-            return f"{self.ranks} ranks in {len(self.columns)} column(s): ranks whose figures are all equal share one."
-        return ""
+            return [f"{self.ranks} ranks in {len(self.columns)} column(s): ranks whose figures are all equal share one."]
+        return []
 
 
 def rank_label(ranks: Sequence[int]) -> str:
@@ -82,38 +92,47 @@ def rank_label(ranks: Sequence[int]) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {text}"
 
 
-def rank_columns(figures: dict[int, Sequence[int | None]]) -> RankColumns:
+def rank_columns(figures: dict[int, Sequence[int | None]], max_columns: int) -> RankColumns:
     """The columns of a table with a row per figure, for `figures` (each rank's value of every row,
     in bytes; None shows as '-').
 
     Ranks whose figures are all equal share one column ("ranks 0-6"), so nothing is hidden. When more
-    than MAX_RANK_COLUMNS distinct columns remain, rank 0 stands beside each row's least and most
-    value, each naming the ranks that have it."""
+    than `max_columns` distinct columns remain, rank 0 stands beside each row's least and most value,
+    each naming the ranks that have it."""
     groups: dict[tuple, list[int]] = {}
     for rank, values in figures.items():
         groups.setdefault(tuple(values), []).append(rank)
-    if len(groups) <= MAX_RANK_COLUMNS:
+    if len(groups) <= max_columns:
         columns = [RankColumn(rank_label(ranks), tuple(human_bytes(v) for v in values)) for values, ranks in groups.items()]
         return RankColumns(tuple(columns), len(figures), summarized=False)
     first = min(figures)
     rows = range(len(figures[first]))
-    columns = [
+    least = [_extreme(figures, row, min) for row in rows]
+    most = [_extreme(figures, row, max) for row in rows]
+    columns = (
         RankColumn(rank_label([first]), tuple(human_bytes(v) for v in figures[first])),
-        RankColumn("least", tuple(_extreme(figures, row, min) for row in rows)),
-        RankColumn("most", tuple(_extreme(figures, row, max) for row in rows)),
-    ]
-    return RankColumns(tuple(columns), len(figures), summarized=True)
+        RankColumn("least", tuple(human_bytes(value) for value, _ in least)),
+        RankColumn("most", tuple(human_bytes(value) for value, _ in most)),
+    )
+    # The cells hold values only, to fit; which ranks hold them goes under the table, for the rows that differ.
+    where = tuple((row, f"least on {_ranks_text(least[row][1])}, most on {_ranks_text(most[row][1])}")
+                  for row in rows if least[row][0] != most[row][0])
+    return RankColumns(columns, len(figures), summarized=True, where=where)
 
 
-def _extreme(figures: dict[int, Sequence[int | None]], row: int, pick) -> str:
+def _extreme(figures: dict[int, Sequence[int | None]], row: int,
+             pick: Callable[[Iterable[int]], int]) -> tuple[int | None, list[int]]:
+    """A row's least or most value over the ranks that report it, and the ranks that hold it."""
     present = {rank: values[row] for rank, values in figures.items() if values[row] is not None}
     if not present:
-        return human_bytes(None)
+        return None, []
     value = pick(present.values())
-    ranks = [rank for rank, v in present.items() if v == value]
+    return value, [rank for rank, v in present.items() if v == value]
+
+
+def _ranks_text(ranks: list[int]) -> str:
     label = rank_label(ranks)
-    where = label if label.count(",") < 3 else f"{len(ranks)} ranks"  # at most three runs of ranks, or a count
-    return f"{human_bytes(value)} ({where})"
+    return label if label.count(",") < 3 else f"{len(ranks)} ranks"  # at most three runs of ranks, or a count
 
 
 def _memory_rows(m: Measurement) -> tuple[tuple[str, str, str | None], ...]:
@@ -189,14 +208,14 @@ def render_measurement(m: Measurement, console: Console | None = None) -> None:
     shown = rank_columns({
         rank.rank: [_field(rank, name) for _, name, _ in rows] + [rank.categories[name] for name in category_names]
         for rank in m.ranks
-    })
+    }, rank_columns_that_fit(console.width))
     columns = shown.columns
 
     memory = _titled(_title(m) + "; measured, with the analytic model's prediction", console)
     memory.add_column("per rank")
     for column in columns:
-        memory.add_column(column.header, justify="right")
-    memory.add_column("predicted", justify="right", style="cyan")
+        memory.add_column(column.header, justify="right", no_wrap=True)
+    memory.add_column("predicted", justify="right", style="cyan", no_wrap=True)
     for row, (label, _, part) in enumerate(rows):
         memory.add_row(label, *(column.cells[row] for column in columns), human_bytes(predicted.get(part)) if part else "")
     console.print(memory)
@@ -204,11 +223,11 @@ def render_measurement(m: Measurement, console: Console | None = None) -> None:
     categories = _titled("Peak memory by category (breakdown of the peak moment, measured by the tracker)", console)
     categories.add_column("category")
     for column in columns:
-        categories.add_column(column.header, justify="right")
+        categories.add_column(column.header, justify="right", no_wrap=True)
     for row, name in enumerate(category_names, start=len(rows)):
         categories.add_row(name, *(column.cells[row] for column in columns))
     console.print(categories)
-    if note := shown.note():
+    for note in shown.notes([label for label, _, _ in rows] + category_names):
         console.print(f"  [dim]{note}[/dim]")
     if m.config.strategy.fully_sharded:
         console.print(f"  [dim]Unsharded gradients: counted by {TRACKER_GRADIENT_FILING}.[/dim]")

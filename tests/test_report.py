@@ -1,5 +1,5 @@
-"""The measurement report's per-rank columns: ranks with equal figures share one, and past a screenful
-of distinct ranks each row shows rank 0 beside its least and most."""
+"""The measurement report's per-rank columns: ranks with equal figures share one, and past the distinct
+ranks that fit the console's width each row shows rank 0 beside its least and most."""
 
 from __future__ import annotations
 
@@ -9,7 +9,14 @@ import pytest
 from rich.console import Console
 from sharding_measurements import typed
 
-from sharding_lab.report import MAX_RANK_COLUMNS, RankColumn, rank_columns, rank_label, render_measurement
+from sharding_lab.report import (
+    RankColumn,
+    rank_columns,
+    rank_columns_that_fit,
+    rank_label,
+    render_measurement,
+)
+from sharding_lab.units import human_bytes
 
 
 def test_rank_labels_name_runs_of_ranks():
@@ -18,39 +25,50 @@ def test_rank_labels_name_runs_of_ranks():
     assert rank_label([7, 0, 2, 1, 5, 8]) == "ranks 0-2, 5, 7-8"
 
 
+def test_a_wider_console_fits_more_rank_columns_and_the_narrowest_still_three():
+    assert rank_columns_that_fit(80) == 3  # rank 0, least, most
+    assert rank_columns_that_fit(20) == 3
+    assert rank_columns_that_fit(200) == (200 - 43) // 13 == 12
+
+
 def test_ranks_with_equal_figures_share_a_column_and_others_keep_their_own():
     # FSDP's last rank is short of the padded shard: its parameters differ, the others' are alike.
     figures = {rank: [1024, 2048 if rank < 3 else 1536, None] for rank in range(4)}
-    shown = rank_columns(figures)
+    shown = rank_columns(figures, max_columns=3)
     assert shown.columns == (
         RankColumn("ranks 0-2", ("1.0 KiB", "2.0 KiB", "-")),
         RankColumn("rank 3", ("1.0 KiB", "1.5 KiB", "-")),
     )
     assert not shown.summarized
-    assert shown.note() == "4 ranks in 2 column(s): ranks whose figures are all equal share one."
+    assert shown.notes(["a", "b", "c"]) == ["4 ranks in 2 column(s): ranks whose figures are all equal share one."]
 
 
 def test_every_rank_distinct_within_a_screenful_keeps_a_column_each():
-    figures = {rank: [1000 + rank] for rank in range(MAX_RANK_COLUMNS)}
-    shown = rank_columns(figures)
-    assert [c.header for c in shown.columns] == [f"rank {r}" for r in range(MAX_RANK_COLUMNS)]
-    assert shown.note() == ""
+    figures = {rank: [1000 + rank] for rank in range(5)}
+    shown = rank_columns(figures, max_columns=5)
+    assert [c.header for c in shown.columns] == [f"rank {r}" for r in range(5)]
+    assert shown.notes(["a"]) == []
 
 
 def test_past_a_screenful_of_distinct_ranks_each_row_gives_its_least_and_most_and_who_has_it():
-    ranks = MAX_RANK_COLUMNS + 1
+    ranks = 9
     # Row 0 differs on every rank; row 1 is the same everywhere; row 2 is least on ranks 4 and 5;
-    # row 3 alternates, so its ranks fall in more runs than a cell names (a count instead).
+    # row 3 alternates, so its ranks fall in more runs than a note names (a count instead).
     figures = {rank: [100 * (rank + 1), 7, 0 if rank in (4, 5) else 9, rank % 2] for rank in range(ranks)}
-    shown = rank_columns(figures)
+    shown = rank_columns(figures, max_columns=ranks - 1)
     assert shown.summarized
     assert shown.columns == (
         RankColumn("rank 0", ("100 B", "7 B", "9 B", "0 B")),
-        RankColumn("least", ("100 B (rank 0)", f"7 B (ranks 0-{ranks - 1})", "0 B (ranks 4-5)", "0 B (5 ranks)")),
-        RankColumn("most", (f"{100 * ranks} B (rank {ranks - 1})", f"7 B (ranks 0-{ranks - 1})",
-                            f"9 B (ranks 0-3, 6-{ranks - 1})", "1 B (4 ranks)")),
+        RankColumn("least", ("100 B", "7 B", "0 B", "0 B")),
+        RankColumn("most", ("900 B", "7 B", "9 B", "1 B")),
     )
-    assert "too many distinct to show each" in shown.note() and "--json" in shown.note()
+    notes = shown.notes(["row a", "row b", "row c", "row d"])
+    assert "9 ranks, too many distinct to show each" in notes[0] and "--json" in notes[0]
+    assert notes[1:] == [  # row b is the same on every rank: nothing to say of it
+        "row a: least on rank 0, most on rank 8",
+        "row c: least on ranks 4-5, most on ranks 0-3, 6-8",
+        "row d: least on 5 ranks, most on 4 ranks",
+    ]
 
 
 @pytest.mark.slow
@@ -67,6 +85,26 @@ def test_a_64_rank_report_stays_readable_on_an_80_column_terminal():
     # Every figure is still printed whole: the columns are wide enough for "234.8 KiB"-sized cells.
     params = [line for line in text.splitlines() if line.startswith("│ parameters")][0]
     cells = [cell.strip() for cell in params.split("│")[2:-1]]
-    from sharding_lab.units import human_bytes
-
     assert cells[:2] == [human_bytes(zero.params_bytes), human_bytes(last.params_bytes)]
+
+
+@pytest.mark.slow
+def test_four_distinct_ranks_show_each_on_a_wide_console_and_least_and_most_on_an_80_column_one():
+    measured = typed()["zero3"]
+    zero = measured.ranks[0]
+    ranks = tuple(replace(zero, rank=r, params_bytes=zero.params_bytes + 512 * r) for r in range(4))
+    four = replace(measured, ranks=ranks, config=replace(measured.config, world_size=4))
+    wide = Console(record=True, width=200)
+    render_measurement(four, wide)
+    header = [line for line in wide.export_text().splitlines() if "┃ per rank" in line][0]
+    assert [cell.strip() for cell in header.split("┃")[2:-2]] == ["rank 0", "rank 1", "rank 2", "rank 3"]
+
+    narrow = Console(record=True, width=80)
+    render_measurement(four, narrow)
+    text = narrow.export_text()
+    params = [line for line in text.splitlines() if line.startswith("│ parameters")][0]
+    assert [cell.strip() for cell in params.split("│")[2:-2]] == [
+        human_bytes(zero.params_bytes), human_bytes(zero.params_bytes), human_bytes(zero.params_bytes + 3 * 512),
+    ]
+    assert "4 ranks, too many distinct to show each" in text
+    assert "  parameters: least on rank 0, most on rank 3\n" in text
