@@ -98,7 +98,7 @@ def rank_columns(figures: dict[int, Sequence[int | None]], max_columns: int) -> 
 
     Ranks whose figures are all equal share one column ("ranks 0-6"), so nothing is hidden. When more
     than `max_columns` distinct columns remain, rank 0 stands beside each row's least and most value,
-    each naming the ranks that have it."""
+    and `where` names, for each row whose ranks differ, the ranks that hold them."""
     groups: dict[tuple, list[int]] = {}
     for rank, values in figures.items():
         groups.setdefault(tuple(values), []).append(rank)
