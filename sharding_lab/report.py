@@ -65,9 +65,13 @@ class RankColumns:
 
     columns: tuple[RankColumn, ...]
     ranks: int
-    summarized: bool  # too many distinct ranks: rank 0 beside each row's least and most
-    # Summarized: for each row whose ranks differ, (row index, which ranks hold its least and its most).
+    # Summarized (too many distinct ranks: rank 0 beside each row's least and most): for each row whose
+    # ranks differ, (row index, which ranks hold its least and its most). Empty when each column is ranks.
     where: tuple[tuple[int, str], ...] = ()
+
+    @property
+    def summarized(self) -> bool:
+        return bool(self.where)  # more distinct ranks than columns means some row differs
 
     def notes(self, row_labels: Sequence[str]) -> list[str]:
         """What the reader needs to know when the columns are fewer than the ranks (nothing when they are not)."""
@@ -104,7 +108,7 @@ def rank_columns(figures: dict[int, Sequence[int | None]], max_columns: int) -> 
         groups.setdefault(tuple(values), []).append(rank)
     if len(groups) <= max_columns:
         columns = [RankColumn(rank_label(ranks), tuple(human_bytes(v) for v in values)) for values, ranks in groups.items()]
-        return RankColumns(tuple(columns), len(figures), summarized=False)
+        return RankColumns(tuple(columns), len(figures))
     first = min(figures)
     rows = range(len(figures[first]))
     least = [_extreme(figures, row, min) for row in rows]
@@ -117,7 +121,7 @@ def rank_columns(figures: dict[int, Sequence[int | None]], max_columns: int) -> 
     # The cells hold values only, to fit; which ranks hold them goes under the table, for the rows that differ.
     where = tuple((row, f"least on {_ranks_text(least[row][1])}, most on {_ranks_text(most[row][1])}")
                   for row in rows if least[row][0] != most[row][0])
-    return RankColumns(columns, len(figures), summarized=True, where=where)
+    return RankColumns(columns, len(figures), where=where)
 
 
 def _extreme(figures: dict[int, Sequence[int | None]], row: int,
