@@ -136,24 +136,35 @@ def zero1_partition(numels: Sequence[int], world_size: int) -> list[int]:
     """Elements of optimizer state each rank owns under PyTorch's ZeroRedundancyOptimizer: whole
     tensors, largest first (a stable sort), each to the rank with the fewest elements so far (the
     lowest rank on a tie). DeepSpeed's ZeRO-1 instead splits one flat buffer into N equal parts."""
-    return [owned for owned, _ in zero1_owned_and_largest(numels, world_size)]
+    return [sum(tensors) for tensors in zero1_placement(numels, world_size)]
 
 
-def zero1_owned_and_largest(numels: Sequence[int], world_size: int) -> list[tuple[int, int]]:
-    """Per rank, `zero1_partition`'s elements and the largest tensor among them: the first one it was
-    given, since tensors are placed largest first (0 for a rank given none)."""
+def zero1_placement(numels: Sequence[int], world_size: int) -> list[list[int]]:
+    """Per rank, the tensors (their elements) `zero1_partition` gives it, in the order it is given
+    them: largest first. That is also the order its local optimizer steps them in."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    owned, largest = [0] * world_size, [0] * world_size
+    placed: list[list[int]] = [[] for _ in range(world_size)]
     # A heap of (elements so far, rank): its smallest is the rank with the fewest, the lowest on a tie,
     # in log N per tensor (a 100,000-GPU plan has 1,500 tensors to place).
     least = [(0, rank) for rank in range(world_size)]
     for numel in sorted(numels, reverse=True):
         count, rank = heapq.heappop(least)
-        owned[rank] = count + numel
-        largest[rank] = largest[rank] or numel
-        heapq.heappush(least, (owned[rank], rank))
-    return list(zip(owned, largest, strict=True))
+        placed[rank].append(numel)
+        heapq.heappush(least, (count + numel, rank))
+    return placed
+
+
+def adam_step_temporaries(numels: Sequence[int]) -> int:
+    """Elements of the temporaries `torch.optim.Adam(foreach=False)` holds at its step's fullest moment,
+    stepping tensors of these sizes in this order. Each tensor's update makes `sqrt(exp_avg_sq)` and its
+    quotient (two temporaries its size) while the loop's `denom` still holds the previous tensor's
+    quotient: at tensor i, numels[i-1] + 2 * numels[i]. (PyTorch's implementation, torch 2.11-2.13.)"""
+    peak, previous = 0, 0
+    for numel in numels:
+        peak = max(peak, previous + 2 * numel)
+        previous = numel
+    return peak
 
 
 def fsdp_shard_numel(shape: Sequence[int], world_size: int) -> int:

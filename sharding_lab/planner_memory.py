@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sharding_lab.analytic import fsdp_padded_numel, zero1_owned_and_largest
+from sharding_lab.analytic import adam_step_temporaries, fsdp_padded_numel, zero1_placement
 from sharding_lab.strategies import Strategy
 
 FP32 = 4
@@ -125,6 +125,13 @@ class StepShape:
     @property
     def root_numel(self) -> int:
         return sum(math.prod(s) for s in self.root_shapes)
+
+    def shapes_in_step_order(self, layers: int | None = None) -> list[tuple[int, ...]]:
+        """Every parameter's shape in the model's order, the order Adam steps them: wte, wpe, the blocks,
+        ln_f, lm_head. `layers` (default all) repeats fewer blocks: the sequence's pairs of neighbours
+        are the same for any two or more."""
+        layers = self.layers if layers is None else layers
+        return [*self.root_shapes[:2], *self.block_shapes * layers, *self.root_shapes[2:]]
 
     @property
     def num_params(self) -> int:
@@ -362,8 +369,8 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
     m.phase("optimizer step")
     m.op("the reduce-scatter buffer freed", reduce_scatter_buffers=-FP32 * root_padded,
          activations=-loss_scalars // 2)
-    largest = max(fsdp_padded_numel([shape], s) for shape in all_shapes) // s
-    m.op("Adam's temporaries for the largest shard", optimizer_state=0 if step.cpu_offload else 2 * FP32 * largest)
+    shards = [fsdp_padded_numel([shape], s) // s for shape in step.shapes_in_step_order(min(layers, 2))]
+    m.op("Adam's temporaries", optimizer_state=0 if step.cpu_offload else FP32 * adam_step_temporaries(shards))
     moments = m.result()
     if step.tied and accumulated and not step.mixed_precision:
         # The ledger walks the last micro-batch. Those before it end their backward still holding every
@@ -462,20 +469,20 @@ def _ddp_moments(step: StepShape) -> list[Moment]:
     the memory tracker on CPU ranks in tests/test_planner.py): full fp32
     parameters (plus DDP's bf16 copies under its mixed precision), fp32 gradients that are the all-reduce
     buckets (gradient_as_bucket_view, so they exist all step), Adam state whole (ddp) or the largest rank's
-    share of whole tensors (zero1). At the optimizer step Adam (foreach=False) holds two temporaries the
-    size of the tensor it updates (sqrt(exp_avg_sq) and its quotient): the largest tensor's, or on ZeRO-1
-    the largest its rank owns."""
+    share of whole tensors (zero1). At the optimizer step Adam (foreach=False) holds the temporaries of
+    `adam_step_temporaries`, over the model's tensors in its order, or on ZeRO-1 over those the rank
+    owns, largest first."""
     psi, act = step.num_params, step.act
     parameters = FP32 * psi + (2 * psi if step.mixed_precision else 0)
-    numels = [math.prod(s) for s in [*step.root_shapes, *step.block_shapes * step.layers]]
     if step.strategy is Strategy.ZERO1:
-        placed = zero1_owned_and_largest(numels, step.world_size)
-        tensors = -(-step.num_tensors // step.world_size)
-        optimizer = 2 * FP32 * max(owned for owned, _ in placed) + ADAM_STEP_COUNTER_BYTES * tensors
-        stepping = 2 * FP32 * max(owned + largest for owned, largest in placed) + ADAM_STEP_COUNTER_BYTES * tensors
+        placed = zero1_placement([math.prod(s) for s in step.shapes_in_step_order()], step.world_size)
+        states = [2 * FP32 * sum(owned) + ADAM_STEP_COUNTER_BYTES * len(owned) for owned in placed]
+        optimizer = max(states)
+        stepping = max(state + FP32 * adam_step_temporaries(owned) for state, owned in zip(states, placed, strict=True))
     else:
         optimizer = 2 * FP32 * psi + ADAM_STEP_COUNTER_BYTES * step.num_tensors
-        stepping = optimizer + 2 * FP32 * max(numels)
+        numels = [math.prod(s) for s in step.shapes_in_step_order(min(step.layers, 2))]
+        stepping = optimizer + FP32 * adam_step_temporaries(numels)
     gradients = FP32 * psi
     moments = [Moment(
         "loss backward", parameters=parameters, gradients=gradients, optimizer_state=optimizer,
@@ -486,5 +493,8 @@ def _ddp_moments(step: StepShape) -> list[Moment]:
             f"block {i} backward", parameters=parameters, gradients=gradients, optimizer_state=optimizer,
             activations=_activations_at_block(step, i), temporaries=_block_backward_temporaries(step),
         ))
-    moments.append(Moment("optimizer step", parameters=parameters, gradients=gradients, optimizer_state=stepping))
+    # Still alive at the step: the batch's inputs and the loss (its value; backward freed the rest).
+    held = inputs_bytes(step.micro_batch, step.seq) + act
+    moments.append(Moment("optimizer step", parameters=parameters, gradients=gradients, optimizer_state=stepping,
+                          activations=held))
     return moments

@@ -9,12 +9,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sharding_lab.analytic import (
+    adam_step_temporaries,
     communication_bytes_per_step,
     fsdp_padded_numel,
     fsdp_rank_numel,
     model_states_bytes_per_rank,
-    zero1_owned_and_largest,
     zero1_partition,
+    zero1_placement,
 )
 from sharding_lab.estimate import PAPER_STAGE_NAMES, paper_style, table1
 from sharding_lab.strategies import STRATEGIES
@@ -197,6 +198,52 @@ def test_every_strategy_is_covered():
     assert STRATEGIES == ("ddp", "zero1", "zero2", "zero3")  # ZeRO-stage order
 
 
+@pytest.mark.parametrize(("numels", "expected"), [
+    ([4096, 4096], 4096 + 2 * 4096),  # the first quotient is still held while the second tensor is stepped
+    ([4096, 128, 4096], 128 + 2 * 4096),
+    ([128, 4096, 4096, 32], 4096 + 2 * 4096),
+    ([1024, 16, 4096], 16 + 2 * 4096),
+    ([7], 2 * 7),
+])
+def test_adam_step_temporaries_are_what_torchs_adam_holds_at_once(numels, expected):
+    # Counted on torch's own Adam (foreach=False, as the engine builds it): every tensor an op returns on
+    # new memory is live until its last reference goes; in-place ops return memory already held.
+    import weakref
+
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    params = [torch.nn.Parameter(torch.ones(n)) for n in numels]
+    optimizer = torch.optim.Adam(params, foreach=False)
+    for parameter in params:
+        parameter.grad = torch.ones_like(parameter)
+    optimizer.step()  # makes Adam's state: the next step allocates its temporaries only
+    held = {t.data_ptr() for t in params} | {t.data_ptr() for s in optimizer.state.values() for t in s.values()}
+    held |= {p.grad.data_ptr() for p in params}
+
+    class LiveElements(TorchFunctionMode):
+        live = peak = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor) and out.numel() and out.data_ptr() not in held:
+                held.add(out.data_ptr())
+                self.live += out.numel()
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(out, self._freed, out.data_ptr(), out.numel())
+            return out
+
+        def _freed(self, pointer, numel):
+            held.discard(pointer)
+            self.live -= numel
+
+    counter = LiveElements()
+    with counter:
+        optimizer.step()
+    assert counter.peak == expected
+    assert adam_step_temporaries(numels) == expected
+
+
 def test_mixed_precision_communication_counts_each_collective_in_its_own_dtype():
     # PyTorch's mixed precision: bf16 all-gathers (2 B), fp32 reduce-scatters (4 B); Ψ = 1000 at N = 4.
     zero3 = communication_bytes_per_step(1000, 4, "zero3", gather_bytes_per_element=2, reduce_bytes_per_element=4)
@@ -214,6 +261,6 @@ def test_zero1_partition_is_pytorchs_greedy_whole_tensor_rule():
     assert zero1_partition([100, 10, 10, 10, 10], 4) == [100, 20, 10, 10]
     with pytest.raises(ValueError):
         zero1_partition([1], 0)
-    # The same placement, with each rank's largest tensor: the first it was given (rank 2 of 3 is given none).
-    assert zero1_owned_and_largest([3, 9, 4, 5, 1], 2) == [(12, 9), (10, 5)]
-    assert zero1_owned_and_largest([7, 2], 3) == [(7, 7), (2, 2), (0, 0)]
+    # The same placement, tensor by tensor in the order each rank is given them (rank 2 of 3 is given none).
+    assert zero1_placement([3, 9, 4, 5, 1], 2) == [[9, 3], [5, 4, 1]]
+    assert zero1_placement([7, 2], 3) == [[7], [2], []]
