@@ -18,6 +18,7 @@ S the ranks a parameter is sharded over (N, or N / replicas under HSDP).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -475,10 +476,8 @@ def _ddp_moments(step: StepShape) -> list[Moment]:
     psi, act = step.num_params, step.act
     parameters = FP32 * psi + (2 * psi if step.mixed_precision else 0)
     if step.strategy is Strategy.ZERO1:
-        placed = zero1_placement([math.prod(s) for s in step.shapes_in_step_order()], step.world_size)
-        states = [2 * FP32 * sum(owned) + ADAM_STEP_COUNTER_BYTES * len(owned) for owned in placed]
-        optimizer = max(states)
-        stepping = max(state + FP32 * adam_step_temporaries(owned) for state, owned in zip(states, placed, strict=True))
+        numels = tuple(math.prod(s) for s in step.shapes_in_step_order())
+        optimizer, stepping = _zero1_adam_bytes(numels, step.world_size)
     else:
         optimizer = 2 * FP32 * psi + ADAM_STEP_COUNTER_BYTES * step.num_tensors
         numels = [math.prod(s) for s in step.shapes_in_step_order(min(step.layers, 2))]
@@ -498,3 +497,13 @@ def _ddp_moments(step: StepShape) -> list[Moment]:
     moments.append(Moment("optimizer step", parameters=parameters, gradients=gradients, optimizer_state=stepping,
                           activations=held))
     return moments
+
+
+@functools.lru_cache(maxsize=16)
+def _zero1_adam_bytes(numels: tuple[int, ...], world_size: int) -> tuple[int, int]:
+    """ZeRO-1's fullest rank: its Adam state, and its fullest moment of the step (state and temporaries).
+    The same for every micro-batch the largest-micro-batch search tries, so kept (131,072 ranks' lists)."""
+    placed = zero1_placement(numels, world_size)
+    states = [2 * FP32 * sum(owned) + ADAM_STEP_COUNTER_BYTES * len(owned) for owned in placed]
+    stepping = max(state + FP32 * adam_step_temporaries(owned) for state, owned in zip(states, placed, strict=True))
+    return max(states), stepping
