@@ -58,7 +58,13 @@ def outside_blocks_saved_bytes(tokens: int, seq: int, width: int, vocab: int, ac
     cross-entropy's log-softmax output (V) per token; the position indices (T, int64), and the loss and
     nll_loss's total weight (two scalars). The logits themselves are not saved (log-softmax's backward
     needs only its output)."""
-    return tokens * (2 * width + 2 + vocab) * act + seq * INT64 + 2 * act
+    return tokens * (2 * width + 2 + vocab) * act + seq * INT64 + loss_scalars_bytes(act)
+
+
+def loss_scalars_bytes(act: int) -> int:
+    """The loss and nll_loss's total weight, two scalars at the compute dtype, alive from the loss on; one of
+    them is gone by the optimizer step (the tracker sees half of these bytes there)."""
+    return 2 * act
 
 
 def inputs_bytes(micro_batch: int, seq: int) -> int:
@@ -160,7 +166,7 @@ def _activations_at_block(step: StepShape, i: int) -> int:
     t, act = step.tokens, step.act
     full_block = block_saved_bytes(t, step.width, step.heads, act)
     below = i * (t * step.width * act if step.activation_checkpointing else full_block)
-    return below + full_block + step.seq * INT64 + 2 * act + inputs_bytes(step.micro_batch, step.seq)
+    return below + full_block + step.seq * INT64 + loss_scalars_bytes(act) + inputs_bytes(step.micro_batch, step.seq)
 
 
 def _all_activations(step: StepShape) -> int:
@@ -255,7 +261,7 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
     stats = 2 * t * a  # a LayerNorm's mean and rstd (the compute dtype, as on CPU)
     lse = step.heads * t * FP32  # SDPA's logsumexp
     positions, inputs = step.seq * INT64, inputs_bytes(step.micro_batch, step.seq)
-    loss_scalars = 2 * a  # the loss and nll_loss's total weight
+    loss_scalars = loss_scalars_bytes(a)
 
     m = _Ledger(host)
     # --- forward -------------------------------------------------------------------------------------
@@ -492,8 +498,8 @@ def _ddp_moments(step: StepShape) -> list[Moment]:
             f"block {i} backward", parameters=parameters, gradients=gradients, optimizer_state=optimizer,
             activations=_activations_at_block(step, i), temporaries=_block_backward_temporaries(step),
         ))
-    # Still alive at the step: the batch's inputs and the loss (its value; backward freed the rest).
-    held = inputs_bytes(step.micro_batch, step.seq) + act
+    # Still alive at the step: the batch's inputs and one of the loss's two scalars.
+    held = inputs_bytes(step.micro_batch, step.seq) + loss_scalars_bytes(act) // 2
     moments.append(Moment("optimizer step", parameters=parameters, gradients=gradients, optimizer_state=stepping,
                           activations=held))
     return moments
