@@ -312,7 +312,8 @@ def analytic_leaves_out(request: PlanRequest) -> tuple[str, ...]:
     if request.cpu_offload:
         left_out.append("the device copy of a shard before each all-gather and of each gradient shard after "
                         "its reduce-scatter (one unit's shard at a time)")
-    if request.grad_accum_steps > 1:
+    if request.grad_accum_steps > 1 and request.strategy.fully_sharded:
+        # (DDP's walk takes the first, a middle and the last micro-batch each: they peak differently.)
         left_out.append("with accumulation, the micro-batches before the last, taken to peak no higher than the "
                         "last (they keep every gradient but hold no reduce-scatter buffer)")
         if request.mixed_precision and request.strategy.fully_sharded:

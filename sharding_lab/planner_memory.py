@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sharding_lab.analytic import adam_step_temporaries, fsdp_padded_numel, zero1_placement
@@ -160,27 +161,11 @@ def peak(step: StepShape) -> Moment:
     return max(peak_moments(step), key=lambda moment: moment.total)
 
 
-def _activations_at_block(step: StepShape, i: int) -> int:
-    """Saved bytes while block i's backward runs: blocks below it, block i whole (recomputed under
-    checkpointing, where the blocks below keep only their inputs), the position indices, loss scalars."""
-    t, act = step.tokens, step.act
-    full_block = block_saved_bytes(t, step.width, step.heads, act)
-    below = i * (t * step.width * act if step.activation_checkpointing else full_block)
-    return below + full_block + step.seq * INT64 + loss_scalars_bytes(act) + inputs_bytes(step.micro_batch, step.seq)
-
-
 def _all_activations(step: StepShape) -> int:
     t, act = step.tokens, step.act
     per_block = t * step.width * act if step.activation_checkpointing else block_saved_bytes(t, step.width, step.heads, act)
     outside = outside_blocks_saved_bytes(t, step.seq, step.width, step.vocab, act)
     return step.layers * per_block + outside + inputs_bytes(step.micro_batch, step.seq)
-
-
-def _block_backward_temporaries(step: StepShape) -> int:
-    """At c_proj's backward in the MLP: the gradient arriving at the block's output (C per token),
-    c_proj's input gradient (4C per token), and c_proj's weight and bias gradients (unsharded)."""
-    c = step.width
-    return step.tokens * 5 * c * step.act + (4 * c * c + (c if step.bias else 0)) * step.act
 
 
 class _Ledger:
@@ -225,7 +210,8 @@ def _block_gradient_bytes(step: StepShape) -> dict[str, int]:
     c, g, bias = step.width, step.act, 1 if step.bias else 0
     ln = (1 + bias) * c * g  # LayerNorm's weight (and bias)
     return {
-        "mlp.c_proj": (4 * c * c + bias * c) * g,
+        "mlp.c_proj": 4 * c * c * g,
+        "mlp.c_proj.bias": bias * c * g,  # apart, as c_attn's: checkpointing frees GELU's output between
         "mlp.c_fc": (4 * c * c + bias * 4 * c) * g,
         "ln_2": ln,
         "attn.c_proj": (c * c + bias * c) * g,
@@ -233,6 +219,15 @@ def _block_gradient_bytes(step: StepShape) -> dict[str, int]:
         "attn.c_attn.bias": bias * 3 * c * g,  # apart: checkpointing frees a tensor between the two
         "ln_1": ln,
     }
+
+
+def _root_gradient_bytes(step: StepShape) -> dict[str, int]:
+    """The root's parameter gradients by module, at the compute dtype: the head (a tied head's is wte's
+    shape), ln_f, and the two embeddings."""
+    g = step.act
+    wte, wpe = (math.prod(shape) * g for shape in step.root_shapes[:2])
+    return {"lm_head": step.vocab * step.width * g, "ln_f": (2 if step.bias else 1) * step.width * g,
+            "wpe": wpe, "wte": wte}
 
 
 def _fsdp_moments(step: StepShape) -> list[Moment]:
@@ -313,20 +308,11 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
     m.op("the loss's gradient", activations=a, all_gather_buffers=-P)
     if zero3 and prefetch:
         m.op(f"block {layers - 1}'s prefetched all-gather", all_gather_buffers=P)
-    m.op("nll_loss backward", temporaries=t * v * a)
-    m.op("the loss's gradient freed", activations=-a)
-    m.op("log-softmax backward", temporaries=t * v * a)
-    m.op("log-softmax's output freed", activations=-t * v * a, temporaries=-t * v * a)
-    head_grad, ln_f_grads = v * c * a, (2 if step.bias else 1) * c * a
-    m.op("lm_head's weight gradient", gradients=head_grad)
-    m.op("lm_head's input gradient", temporaries=tc)
-    m.op("ln_f's output freed", activations=-tc, temporaries=-t * v * a)
-    # (A tied head's gradient waits instead for the embedding's, to be summed with it at the end of backward.)
-    m.op("lm_head's gradient added to the kept one", gradients=-head_grad if accumulated and not step.tied else 0)
-    m.op("ln_f backward", temporaries=tc, gradients=ln_f_grads)
-    m.op("ln_f's input freed", activations=-tc - stats, temporaries=-tc)
-    m.op("ln_f's gradients added to the kept ones", gradients=-ln_f_grads if accumulated else 0)
-    grads = _block_gradient_bytes(step)
+    grads, root = _block_gradient_bytes(step), _root_gradient_bytes(step)
+    # With accumulation each gradient is added to the kept fp32 one once taken (a tied head's waits
+    # for the embedding's instead); without, they stay until their unit's reduce-scatter.
+    release = _released(grads | root, step, new=bool(accumulated))
+    _loss_and_head_backward(m, step, tc, stats, release)
     block_grads = sum(grads.values())
     for i in reversed(range(layers)):
         m.phase(f"block {i} backward")
@@ -339,7 +325,7 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
                 m.op(f"block {i - 1}'s prefetched all-gather", all_gather_buffers=P)
         if ac:
             _recompute(m, tc, stats, lse)
-        _block_backward(m, grads, tc, stats, lse, ac, accumulate=bool(accumulated))
+        _block_backward(m, grads, tc, stats, lse, ac, release)
         # post-backward: reshard, free the previous reduce-scatter buffer, copy the gradients (and, with
         # accumulation, the kept ones) into an fp32 reduce-scatter buffer, free them, keep the shard.
         m.op("resharded", parameters=-P)
@@ -351,7 +337,7 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
              gradients=-(kept or block_grads) + sharded_grad(block_padded))
     m.phase("end of backward")
     m.op("wpe's output gradient", temporaries=step.seq * c * a)
-    wpe_grad, wte_grad = math.prod(step.root_shapes[1]) * a, math.prod(step.root_shapes[0]) * a
+    wpe_grad, wte_grad = root["wpe"], root["wte"]
     m.op("wpe's weight gradient", gradients=wpe_grad)
     m.op("positions freed", activations=-positions, temporaries=-step.seq * c * a)
     m.op("wte's weight gradient", gradients=wte_grad)
@@ -384,7 +370,7 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
         # block's gradient (nothing is reduce-scattered before the last) when the tied weight's two new
         # gradients are summed: the first beside the blocks' own and the root's new ones, a middle one
         # beside every kept gradient, the tied weight's included.
-        before_last = {"first micro-batch's": layers * block_grads + wpe_grad + ln_f_grads + 3 * wte_grad}
+        before_last = {"first micro-batch's": layers * block_grads + wpe_grad + root["ln_f"] + 3 * wte_grad}
         if step.grad_accum_steps > 2:
             before_last["a middle micro-batch's"] = accumulated + 3 * wte_grad
         moments += [
@@ -425,31 +411,72 @@ def _recompute(m: _Ledger, tc: int, stats: int, lse: int) -> None:
         m.op(name if saved < 0 else f"recomputed {name}", activations=saved)
 
 
-def _block_backward(m: _Ledger, grads: dict[str, int], tc: int, stats: int, lse: int, ac: bool, *,
-                    accumulate: bool) -> None:
+def _released(gradient_bytes: dict[str, int], step: StepShape, *, new: bool, kept: bool = False) -> Callable[..., int]:
+    """What is freed (negative bytes) once modules' new gradients are taken: the new gradients (`new`)
+    where they are added to kept ones (FSDP with accumulation, DDP's later micro-batches) or copied into
+    DDP's bucket; nothing where they stay (FSDP until the unit's reduce-scatter; DDP's first micro-batch of
+    several, whose gradients become the kept ones); and the kept fp32 ones too (`kept`) where DDP's last
+    micro-batch copies them into its bucket. A tied head's gradient is never taken at the head: it waits
+    for the embedding's, to be summed with it."""
+    def release(*modules: str) -> int:
+        freed = 0
+        for module in modules:
+            if module == "lm_head" and step.tied:
+                continue
+            freed += (gradient_bytes[module] if new else 0) + (FP32 * gradient_bytes[module] // step.act if kept else 0)
+        return -freed
+
+    return release
+
+
+def _loss_and_head_backward(m: _Ledger, step: StepShape, tc: int, stats: int, release: Callable[..., int]) -> None:
+    """From nll_loss's backward through ln_f's: the logits' gradient, lm_head's weight and input
+    gradients (the fullest moment here), ln_f's. `release`: see `_released`."""
+    t, v, a = step.tokens, step.vocab, step.act
+    root = _root_gradient_bytes(step)
+    m.op("nll_loss backward", temporaries=t * v * a)
+    m.op("the loss's gradient freed", activations=-a)
+    m.op("log-softmax backward", temporaries=t * v * a)
+    m.op("log-softmax's output freed", activations=-t * v * a, temporaries=-t * v * a)
+    m.op("lm_head's weight gradient", gradients=root["lm_head"])
+    m.op("lm_head's input gradient", temporaries=tc)
+    m.op("ln_f's output freed", activations=-tc, temporaries=-t * v * a)
+    m.op("lm_head's gradient taken", gradients=release("lm_head"))
+    m.op("ln_f backward", temporaries=tc, gradients=root["ln_f"])
+    m.op("ln_f's input freed", activations=-tc - stats, temporaries=-tc)
+    m.op("ln_f's gradients taken", gradients=release("ln_f"))
+
+
+def _block_backward(m: _Ledger, grads: dict[str, int], tc: int, stats: int, lse: int, ac: bool,
+                    release: Callable[..., int]) -> None:
     """One block's backward, op by op, as autograd runs it on our Block. The gradient arriving at the
-    block's output (tc) is held throughout; each Linear's weight (and bias) gradient stays until the
-    block's reduce-scatter, so they pile up to the whole block's by attn.c_attn, the last Linear. With
-    accumulation each is added to the kept fp32 gradient and freed once its Linear's backward is done."""
-    added = lambda *names: -sum(grads[n] for n in names) if accumulate else 0  # noqa: E731
+    block's output (tc) is held throughout. Each Linear's weight (and bias) gradient is taken once its
+    Linear's backward is done, freeing `release(module)` bytes: under FSDP without accumulation nothing,
+    so they pile up to the whole block's by attn.c_attn, the last Linear, until the reduce-scatter."""
+    added = release
     m.op("mlp.c_proj's input gradient", temporaries=4 * tc)
-    m.op("mlp.c_proj's weight gradient", gradients=grads["mlp.c_proj"])
-    m.op("gelu's output freed", activations=-4 * tc)
-    m.op("added to the kept gradient", gradients=added("mlp.c_proj"))
+    if ac:  # checkpointing frees the recomputed GELU output before c_proj's bias gradient
+        m.op("mlp.c_proj's weight gradient", gradients=grads["mlp.c_proj"])
+        m.op("gelu's output freed", activations=-4 * tc)
+        m.op("its bias gradient", gradients=grads["mlp.c_proj.bias"])
+    else:
+        m.op("mlp.c_proj's weight gradient", gradients=grads["mlp.c_proj"] + grads["mlp.c_proj.bias"])
+        m.op("gelu's output freed", activations=-4 * tc)
+    m.op("its gradients taken", gradients=added("mlp.c_proj", "mlp.c_proj.bias"))
     m.op("gelu backward", temporaries=4 * tc)
     m.op("c_fc's output freed", activations=-4 * tc, temporaries=-4 * tc)
     m.op("mlp.c_fc's input gradient", temporaries=tc)
     m.op("mlp.c_fc's weight gradient", gradients=grads["mlp.c_fc"])
     m.op("ln_2's output freed", activations=-tc, temporaries=-4 * tc)
-    m.op("added to the kept gradient", gradients=added("mlp.c_fc"))
+    m.op("its gradients taken", gradients=added("mlp.c_fc"))
     m.op("ln_2 backward", temporaries=tc, gradients=grads["ln_2"])
     m.op("ln_2's input freed", activations=-tc - stats, temporaries=-tc)
     m.op("the residual's gradient", temporaries=tc)
     m.op("the addends freed", temporaries=-2 * tc)
-    m.op("added to the kept gradient", gradients=added("ln_2"))
+    m.op("its gradients taken", gradients=added("ln_2"))
     m.op("attn.c_proj's input gradient", temporaries=tc)
     m.op("attn.c_proj's weight gradient", gradients=grads["attn.c_proj"])
-    m.op("added to the kept gradient", gradients=added("attn.c_proj"))
+    m.op("its gradients taken", gradients=added("attn.c_proj"))
     m.op("attention backward", temporaries=3 * tc)
     m.op("q, k, v and the attention output freed", activations=-4 * tc - lse, temporaries=-tc)
     m.op("q, k, v gradients concatenated", temporaries=3 * tc)
@@ -463,23 +490,27 @@ def _block_backward(m: _Ledger, grads: dict[str, int], tc: int, stats: int, lse:
     else:
         m.op("attn.c_attn's weight gradient", gradients=weight + bias)
         m.op("ln_1's output freed", activations=-tc, temporaries=-3 * tc)
-    m.op("added to the kept gradient", gradients=added("attn.c_attn", "attn.c_attn.bias"))
+    m.op("its gradients taken", gradients=added("attn.c_attn", "attn.c_attn.bias"))
     m.op("ln_1 backward", temporaries=tc, gradients=grads["ln_1"])
     m.op("ln_1's input freed", activations=-tc - stats, temporaries=-tc)
     m.op("the residual's gradient", temporaries=tc)
     m.op("the addends freed", temporaries=-2 * tc)
-    m.op("added to the kept gradient", gradients=added("ln_1"))
+    m.op("its gradients taken", gradients=added("ln_1"))
 
 
 def _ddp_moments(step: StepShape) -> list[Moment]:
-    """DDP and PyTorch's ZeRO-1 (DDP + ZeroRedundancyOptimizer), which the simulation does not build (held to
-    the memory tracker on CPU ranks in tests/test_planner.py): full fp32
-    parameters (plus DDP's bf16 copies under its mixed precision), fp32 gradients that are the all-reduce
-    buckets (gradient_as_bucket_view, so they exist all step), Adam state whole (ddp) or the largest rank's
-    share of whole tensors (zero1). At the optimizer step Adam (foreach=False) holds the temporaries of
-    `adam_step_temporaries`, over the model's tensors in its order, or on ZeRO-1 over those the rank
-    owns, largest first."""
-    psi, act = step.num_params, step.act
+    """DDP and PyTorch's ZeRO-1 (DDP + ZeroRedundancyOptimizer), which the simulation does not build (held
+    to the memory tracker on CPU ranks in tests/test_planner.py), walked op by op from the loss's backward:
+    full fp32 parameters (plus DDP's bf16 copies under its mixed precision), DDP's fp32 all-reduce buckets
+    (the gradients, as views: gradient_as_bucket_view) all step, and Adam's state whole (ddp) or the
+    fullest rank's share of whole tensors (zero1). Each new gradient lives from its op until DDP's hook
+    copies it into its bucket, once its module's backward is done; the backward runs the same ops as
+    FSDP's. With accumulation (`no_sync` before the last micro-batch) the first micro-batch's gradients
+    stay as the parameters' own, the next ones are added to them, and the last copies them into the
+    buckets: one more fp32 copy of every gradient until then. At the optimizer step Adam (foreach=False)
+    holds the temporaries of `adam_step_temporaries`, over the model's tensors in its order, or on ZeRO-1
+    over those the rank owns, largest first."""
+    psi, a = step.num_params, step.act
     parameters = FP32 * psi + (2 * psi if step.mixed_precision else 0)
     if step.strategy is Strategy.ZERO1:
         numels = tuple(math.prod(s) for s in step.shapes_in_step_order())
@@ -488,19 +519,47 @@ def _ddp_moments(step: StepShape) -> list[Moment]:
         optimizer = 2 * FP32 * psi + ADAM_STEP_COUNTER_BYTES * step.num_tensors
         numels = [math.prod(s) for s in step.shapes_in_step_order(min(step.layers, 2))]
         stepping = optimizer + FP32 * adam_step_temporaries(numels)
-    gradients = FP32 * psi
-    moments = [Moment(
-        "loss backward", parameters=parameters, gradients=gradients, optimizer_state=optimizer,
-        activations=_all_activations(step), temporaries=2 * step.tokens * step.vocab * act,
-    )]
-    for i in reversed(range(step.layers)):
-        moments.append(Moment(
-            f"block {i} backward", parameters=parameters, gradients=gradients, optimizer_state=optimizer,
-            activations=_activations_at_block(step, i), temporaries=_block_backward_temporaries(step),
-        ))
+    buckets = FP32 * psi
+    grads, root = _block_gradient_bytes(step), _root_gradient_bytes(step)
+    t, c = step.tokens, step.width
+    tc, stats, lse = t * c * a, 2 * t * a, step.heads * t * FP32
+    # Which micro-batches to walk, with the kept gradients each starts with and what taking a gradient frees.
+    # A middle one holds every kept gradient throughout, so it is the fullest of the rest.
+    if step.grad_accum_steps == 1:
+        walks = [("", 0, _released(grads | root, step, new=True))]
+    else:
+        kept = FP32 * psi
+        walks = [("the first micro-batch's ", 0, _released(grads | root, step, new=False)),
+                 ("the last micro-batch's ", kept, _released(grads | root, step, new=True, kept=True))]
+        if step.grad_accum_steps > 2:
+            walks.append(("a middle micro-batch's ", kept, _released(grads | root, step, new=True)))
+    moments = []
+    for which, kept, release in walks:
+        m = _Ledger(host=0)
+        m.phase(f"{which}loss backward")
+        m.op("after the forward", parameters=parameters, gradients=buckets + kept, optimizer_state=optimizer,
+             activations=_all_activations(step))
+        m.op("the loss's gradient", activations=a)
+        _loss_and_head_backward(m, step, tc, stats, release)
+        for i in reversed(range(step.layers)):
+            m.phase(f"{which}block {i} backward")
+            if step.activation_checkpointing:
+                _recompute(m, tc, stats, lse)
+            _block_backward(m, grads, tc, stats, lse, step.activation_checkpointing, release)
+        m.phase(f"{which}end of backward")
+        m.op("wpe's output gradient", temporaries=step.seq * c * a)
+        m.op("wpe's weight gradient", gradients=root["wpe"])
+        m.op("positions freed", activations=-step.seq * INT64, temporaries=-step.seq * c * a)
+        m.op("wpe's gradient taken", gradients=release("wpe"))
+        m.op("wte's weight gradient", gradients=root["wte"])
+        m.op("the input gradient freed", temporaries=-tc)
+        if step.tied:  # the head's gradient, held since the loss's backward, summed with the embedding's
+            m.op("the tied weight's two gradients summed", gradients=root["wte"])
+            m.op("the two freed", gradients=-2 * root["wte"])
+        moments += m.result()
     # Still alive at the step: the batch's inputs and one of the loss's two scalars.
-    held = inputs_bytes(step.micro_batch, step.seq) + loss_scalars_bytes(act) // 2
-    moments.append(Moment("optimizer step", parameters=parameters, gradients=gradients, optimizer_state=stepping,
+    held = inputs_bytes(step.micro_batch, step.seq) + loss_scalars_bytes(a) // 2
+    moments.append(Moment("optimizer step", parameters=parameters, gradients=buckets, optimizer_state=stepping,
                           activations=held))
     return moments
 

@@ -82,3 +82,14 @@ def test_the_stored_simulated_figures_cover_every_lab_configuration_and_are_curr
     simulation = simulate(run_config_for(requests[key]))
     assert simulation.peak_bytes == simulated_figures()[key]["peak_bytes"]
     assert simulation.model_states["total"] == simulated_figures()[key]["model_states_bytes"]
+
+
+def test_the_committed_lab_results_carry_todays_at_scale_lines():
+    # exports/lab-results.json (what the app shows before a lab is run here, and the Anki decks carry)
+    # stores each lab's at-scale line as written when it was committed: a planner change must rewrite it.
+    import json
+    from pathlib import Path
+
+    committed = json.loads((Path(__file__).parents[1] / "exports" / "lab-results.json").read_text(encoding="utf-8"))
+    stale = [lab_id for lab_id, result in committed.items() if result.get("at_scale") != at_scale_line(get_lab(lab_id))]
+    assert stale == [], f"stale at-scale lines in exports/lab-results.json: {stale}"
