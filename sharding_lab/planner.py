@@ -316,7 +316,7 @@ def analytic_leaves_out(request: PlanRequest) -> tuple[str, ...]:
         # (DDP's walk takes the first, a middle and the last micro-batch each: they peak differently.)
         left_out.append("with accumulation, the micro-batches before the last, taken to peak no higher than the "
                         "last (they keep every gradient but hold no reduce-scatter buffer)")
-        if request.mixed_precision and request.strategy.fully_sharded:
+        if request.mixed_precision:
             left_out.append("with accumulation under bf16, FSDP2's fp32 copy of the kept gradients beside the "
                             "bf16 ones (the peak is low by up to that copy: 4.7% on a 4-block 7b)")
     return tuple(left_out)

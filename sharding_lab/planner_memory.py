@@ -312,7 +312,7 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
     # With accumulation each gradient is added to the kept fp32 one once taken (a tied head's waits
     # for the embedding's instead); without, they stay until their unit's reduce-scatter.
     release = _released(grads | root, step, new=bool(accumulated))
-    _loss_and_head_backward(m, step, tc, stats, release)
+    _loss_and_head_backward(m, step, root, tc, stats, release)
     block_grads = sum(grads.values())
     for i in reversed(range(layers)):
         m.phase(f"block {i} backward")
@@ -336,12 +336,8 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
         m.op("its gradients freed, the shard kept",
              gradients=-(kept or block_grads) + sharded_grad(block_padded))
     m.phase("end of backward")
-    m.op("wpe's output gradient", temporaries=step.seq * c * a)
+    _embeddings_backward(m, step, root, tc, wpe_taken=0)  # with accumulation FSDP adds wpe's below
     wpe_grad, wte_grad = root["wpe"], root["wte"]
-    m.op("wpe's weight gradient", gradients=wpe_grad)
-    m.op("positions freed", activations=-positions, temporaries=-step.seq * c * a)
-    m.op("wte's weight gradient", gradients=wte_grad)
-    m.op("the input gradient freed", temporaries=-tc)
     if step.tied:
         # A tied weight's two gradients (the head's, held since the loss's backward, and the embedding's)
         # are summed out of place: one vocab x width tensor more for a moment. The sum becomes its
@@ -429,11 +425,11 @@ def _released(gradient_bytes: dict[str, int], step: StepShape, *, new: bool, kep
     return release
 
 
-def _loss_and_head_backward(m: _Ledger, step: StepShape, tc: int, stats: int, release: Callable[..., int]) -> None:
+def _loss_and_head_backward(m: _Ledger, step: StepShape, root: dict[str, int], tc: int, stats: int,
+                            release: Callable[..., int]) -> None:
     """From nll_loss's backward through ln_f's: the logits' gradient, lm_head's weight and input
-    gradients (the fullest moment here), ln_f's. `release`: see `_released`."""
+    gradients (the fullest moment here), ln_f's. `root`: `_root_gradient_bytes`; `release`: `_released`."""
     t, v, a = step.tokens, step.vocab, step.act
-    root = _root_gradient_bytes(step)
     m.op("nll_loss backward", temporaries=t * v * a)
     m.op("the loss's gradient freed", activations=-a)
     m.op("log-softmax backward", temporaries=t * v * a)
@@ -447,13 +443,24 @@ def _loss_and_head_backward(m: _Ledger, step: StepShape, tc: int, stats: int, re
     m.op("ln_f's gradients taken", gradients=release("ln_f"))
 
 
+def _embeddings_backward(m: _Ledger, step: StepShape, root: dict[str, int], tc: int, *, wpe_taken: int) -> None:
+    """The position and token embeddings' backward. `wpe_taken`: what is freed once wpe's gradient is taken,
+    before wte's is made (DDP's hook copies it into its bucket then; 0 under FSDP, which keeps it)."""
+    c, a = step.width, step.act
+    m.op("wpe's output gradient", temporaries=step.seq * c * a)
+    m.op("wpe's weight gradient", gradients=root["wpe"])
+    m.op("positions freed", activations=-step.seq * INT64, temporaries=-step.seq * c * a)
+    m.op("wpe's gradient taken", gradients=wpe_taken)
+    m.op("wte's weight gradient", gradients=root["wte"])
+    m.op("the input gradient freed", temporaries=-tc)
+
+
 def _block_backward(m: _Ledger, grads: dict[str, int], tc: int, stats: int, lse: int, ac: bool,
                     release: Callable[..., int]) -> None:
     """One block's backward, op by op, as autograd runs it on our Block. The gradient arriving at the
     block's output (tc) is held throughout. Each Linear's weight (and bias) gradient is taken once its
     Linear's backward is done, freeing `release(module)` bytes: under FSDP without accumulation nothing,
     so they pile up to the whole block's by attn.c_attn, the last Linear, until the reduce-scatter."""
-    added = release
     m.op("mlp.c_proj's input gradient", temporaries=4 * tc)
     if ac:  # checkpointing frees the recomputed GELU output before c_proj's bias gradient
         m.op("mlp.c_proj's weight gradient", gradients=grads["mlp.c_proj"])
@@ -462,21 +469,21 @@ def _block_backward(m: _Ledger, grads: dict[str, int], tc: int, stats: int, lse:
     else:
         m.op("mlp.c_proj's weight gradient", gradients=grads["mlp.c_proj"] + grads["mlp.c_proj.bias"])
         m.op("gelu's output freed", activations=-4 * tc)
-    m.op("its gradients taken", gradients=added("mlp.c_proj", "mlp.c_proj.bias"))
+    m.op("its gradients taken", gradients=release("mlp.c_proj", "mlp.c_proj.bias"))
     m.op("gelu backward", temporaries=4 * tc)
     m.op("c_fc's output freed", activations=-4 * tc, temporaries=-4 * tc)
     m.op("mlp.c_fc's input gradient", temporaries=tc)
     m.op("mlp.c_fc's weight gradient", gradients=grads["mlp.c_fc"])
     m.op("ln_2's output freed", activations=-tc, temporaries=-4 * tc)
-    m.op("its gradients taken", gradients=added("mlp.c_fc"))
+    m.op("its gradients taken", gradients=release("mlp.c_fc"))
     m.op("ln_2 backward", temporaries=tc, gradients=grads["ln_2"])
     m.op("ln_2's input freed", activations=-tc - stats, temporaries=-tc)
     m.op("the residual's gradient", temporaries=tc)
     m.op("the addends freed", temporaries=-2 * tc)
-    m.op("its gradients taken", gradients=added("ln_2"))
+    m.op("its gradients taken", gradients=release("ln_2"))
     m.op("attn.c_proj's input gradient", temporaries=tc)
     m.op("attn.c_proj's weight gradient", gradients=grads["attn.c_proj"])
-    m.op("its gradients taken", gradients=added("attn.c_proj"))
+    m.op("its gradients taken", gradients=release("attn.c_proj"))
     m.op("attention backward", temporaries=3 * tc)
     m.op("q, k, v and the attention output freed", activations=-4 * tc - lse, temporaries=-tc)
     m.op("q, k, v gradients concatenated", temporaries=3 * tc)
@@ -490,12 +497,12 @@ def _block_backward(m: _Ledger, grads: dict[str, int], tc: int, stats: int, lse:
     else:
         m.op("attn.c_attn's weight gradient", gradients=weight + bias)
         m.op("ln_1's output freed", activations=-tc, temporaries=-3 * tc)
-    m.op("its gradients taken", gradients=added("attn.c_attn", "attn.c_attn.bias"))
+    m.op("its gradients taken", gradients=release("attn.c_attn", "attn.c_attn.bias"))
     m.op("ln_1 backward", temporaries=tc, gradients=grads["ln_1"])
     m.op("ln_1's input freed", activations=-tc - stats, temporaries=-tc)
     m.op("the residual's gradient", temporaries=tc)
     m.op("the addends freed", temporaries=-2 * tc)
-    m.op("its gradients taken", gradients=added("ln_1"))
+    m.op("its gradients taken", gradients=release("ln_1"))
 
 
 def _ddp_moments(step: StepShape) -> list[Moment]:
@@ -540,19 +547,14 @@ def _ddp_moments(step: StepShape) -> list[Moment]:
         m.op("after the forward", parameters=parameters, gradients=buckets + kept, optimizer_state=optimizer,
              activations=_all_activations(step))
         m.op("the loss's gradient", activations=a)
-        _loss_and_head_backward(m, step, tc, stats, release)
+        _loss_and_head_backward(m, step, root, tc, stats, release)
         for i in reversed(range(step.layers)):
             m.phase(f"{which}block {i} backward")
             if step.activation_checkpointing:
                 _recompute(m, tc, stats, lse)
             _block_backward(m, grads, tc, stats, lse, step.activation_checkpointing, release)
         m.phase(f"{which}end of backward")
-        m.op("wpe's output gradient", temporaries=step.seq * c * a)
-        m.op("wpe's weight gradient", gradients=root["wpe"])
-        m.op("positions freed", activations=-step.seq * INT64, temporaries=-step.seq * c * a)
-        m.op("wpe's gradient taken", gradients=release("wpe"))
-        m.op("wte's weight gradient", gradients=root["wte"])
-        m.op("the input gradient freed", temporaries=-tc)
+        _embeddings_backward(m, step, root, tc, wpe_taken=release("wpe"))
         if step.tied:  # the head's gradient, held since the loss's backward, summed with the embedding's
             m.op("the tied weight's two gradients summed", gradients=root["wte"])
             m.op("the two freed", gradients=-2 * root["wte"])
