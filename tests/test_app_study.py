@@ -102,7 +102,7 @@ def test_grading_records_the_review_and_moves_on(client, app, csrf_token):
     assert response.status_code == 302 and response.location.endswith("/study")
     [log] = logs(app)
     assert (log.card_id, log.quality, log.choice, log.correct) == (c.id, 5, c.answer, True)
-    assert card(app, c.id).state == sm2.review(None, 5)
+    assert card(app, c.id).state == sm2.SM2State(repetitions=1, easiness=2.6, interval=1)
     assert shown_card(client)["card_id"] != shown["card_id"]
 
 

@@ -104,7 +104,7 @@ def test_schedule_after_a_first_pass_follows_sm2_and_sets_the_due_day():
     today = date(2026, 3, 2)
     new = Schedule(0, 2.5, 0, None, None)
     after = schedule_after(new, 5, is_repeat=False, today=today)
-    assert after.state == sm2.review(None, 5)
+    assert after.state == sm2.SM2State(repetitions=1, easiness=2.6, interval=1)  # EF 2.5 + 0.1
     assert after.due_day == today + timedelta(days=1)
     assert after.repeat_day is None
     failed = schedule_after(new, 3, is_repeat=False, today=today)
@@ -209,11 +209,11 @@ def test_grading_logs_the_state_before_and_after(session):
     log = result.log
     assert not result.duplicate
     assert (log.before_repetitions, log.before_easiness, log.before_interval) == (0, 2.5, 0)
-    assert sm2.SM2State(log.after_repetitions, log.after_easiness, log.after_interval) == sm2.review(None, 4)
+    assert (log.after_repetitions, log.after_easiness, log.after_interval) == (1, 2.5, 1)  # grade 4 keeps EF
     assert log.correct and log.choice == card.answer and log.was_new and not log.is_repeat
     assert log.reviewed_at == T0
     stored = card_by_qid(session, "alpha-gather")
-    assert stored.state == sm2.review(None, 4)
+    assert stored.state == sm2.SM2State(repetitions=1, easiness=2.5, interval=1)
     assert stored.due_day == study_day(T0, UTC_SETTINGS) + timedelta(days=1)
     assert stored.version == shown_version + 1
 
@@ -259,7 +259,7 @@ def test_a_grade_is_committed_on_its_own_and_the_sessions_objects_reload_it(sess
         stored = other.exec(select(ReviewLog).where(ReviewLog.submission_id == result.log.submission_id)).one()
         assert stored.model_dump() == result.log.model_dump()
     assert get_engine(app).pool.checkedout() == 1  # the test's own session holds one; grade's went back
-    assert (card.version, card.state) == (1, sm2.review(None, 5))  # expired, so read again
+    assert (card.version, card.state) == (1, sm2.SM2State(repetitions=1, easiness=2.6, interval=1))  # expired, so read again
 
 
 def test_grading_refuses_a_session_with_unsaved_changes(session):
@@ -291,7 +291,7 @@ def test_a_submission_sent_twice_counts_once(session):
     second = grade(session, **args)
     assert second.duplicate and second.log.id == first.log.id
     assert len(session.exec(select(ReviewLog)).all()) == 1
-    assert card_by_qid(session, "alpha-shards").state == sm2.review(None, 5)
+    assert card_by_qid(session, "alpha-shards").state == sm2.SM2State(repetitions=1, easiness=2.6, interval=1)
 
 
 def test_a_stale_showing_is_a_conflict(session):
@@ -320,7 +320,8 @@ def test_grade_options_show_the_interval_each_grade_leads_to(session):
     answer(session, card, right=True, quality=5, now=T0 + timedelta(days=1))  # n=2, I=6
     card = card_by_qid(session, "alpha-shards")  # n=2, I=6, EF=2.7
     options = grade_options(card, True, study_day(T0 + timedelta(days=10), UTC_SETTINGS))
-    assert [o.interval for o in options] == [sm2.review(card.state, q).interval for q in (3, 4, 5)]
+    # every passing grade grows I by the easiness from before it: ceil(6 x 2.7) = 17
+    assert [o.interval for o in options] == [17, 17, 17]
 
 
 # --- Undo -------------------------------------------------------------------------------
@@ -358,7 +359,7 @@ def test_an_undone_card_can_be_reviewed_again_with_a_new_submission(session):
     undo_last(session, T0)
     second = answer(session, card, right=True, quality=5)
     assert not second.duplicate and second.log.submission_id != first.log.submission_id
-    assert card_by_qid(session, "alpha-shards").state == sm2.review(None, 5)
+    assert card_by_qid(session, "alpha-shards").state == sm2.SM2State(repetitions=1, easiness=2.6, interval=1)
 
 
 def _schedules(session: Session) -> list[tuple]:

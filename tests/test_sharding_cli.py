@@ -259,6 +259,7 @@ def test_tables_show_measured_beside_predicted():
     assert "zero1" in text and "step time" in text
 
 
+@pytest.mark.slow  # typed(): a 2-rank launch
 def test_compare_shows_each_strategys_gradient_parity_when_it_was_checked():
     from sharding_lab.report import render_comparison
 
@@ -283,6 +284,7 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
     assert "rc=1" in result.stderr
 
 
+@pytest.mark.slow  # typed(): a 2-rank launch
 def test_a_rank_views_step_time_says_its_collectives_moved_nothing():
     from dataclasses import replace
 
