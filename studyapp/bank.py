@@ -10,7 +10,7 @@ A deck file looks like this (every key shown; `retired_ids`, `description` and `
     questions:
       - id: fsdp-what-is-sharded
         prompt: What does FSDP shard ...?
-        choices:
+        choices:             # 2 to 9, exactly one correct
           - text: Parameters, gradients, and optimizer states
             correct: true
           - text: Only the input batches
@@ -35,13 +35,15 @@ from typing import Any
 import yaml
 
 DEFAULT_BANK_DIR = Path(__file__).resolve().parent.parent / "bank"
-SLUG = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-TAG = re.compile(r"^[A-Za-z0-9_:.-]+$")  # Anki tags cannot contain spaces
+# Ids and tags, matched whole (fullmatch: `$` would let a trailing newline through).
+SLUG = re.compile(r"[a-z0-9][a-z0-9-]*")
+TAG = re.compile(r"[A-Za-z0-9_:.-]+")  # Anki tags cannot contain spaces; the stats pages link each one
 
 DECK_KEYS = {"id", "title", "description", "retired_ids", "questions", "order"}
 DECK_REQUIRED = {"id", "title", "questions"}
 QUESTION_KEYS = {"id", "prompt", "choices", "explanation", "lab", "tags"}
 CHOICE_KEYS = {"text", "correct", "why_wrong"}
+MAX_CHOICES = 9  # a key press is one character: 1 to 9 pick a choice in the review
 
 
 @dataclass(frozen=True)
@@ -224,14 +226,14 @@ def _question(raw: Any, deck_id: str, index: int, line: int, check: _Checker) ->
     qid = raw.get("id") if isinstance(raw.get("id"), str) else None
     label = qid or f"#{index + 1}"
     check.keys(raw, QUESTION_KEYS, QUESTION_KEYS - {"tags"}, "a question", label)
-    if qid is not None and not SLUG.match(qid):
+    if qid is not None and not SLUG.fullmatch(qid):
         check.add(raw.key_lines.get("id", raw.line), "must be a slug: lowercase letters, digits and dashes", label, "id")
     elif "id" in raw and qid is None:
         check.add(raw.key_lines["id"], "must be text", label, "id")
     prompt = check.text(raw, "prompt", label)
     explanation = check.text(raw, "explanation", label)
     lab = check.text(raw, "lab", label)
-    if lab and not SLUG.match(lab):
+    if lab and not SLUG.fullmatch(lab):
         check.add(raw.key_lines["lab"], f"'{lab}' is not a lab slug (lowercase letters, digits and dashes)", label, "lab")
 
     tags: list[str] = []
@@ -240,7 +242,7 @@ def _question(raw: Any, deck_id: str, index: int, line: int, check: _Checker) ->
         check.add(raw.key_lines.get("tags", raw.line), "must be a list of tags", label, "tags")
     else:
         for tag in raw_tags:
-            if not isinstance(tag, str) or not TAG.match(tag):
+            if not isinstance(tag, str) or not TAG.fullmatch(tag):
                 check.add(raw.key_lines["tags"], f"tag {tag!r} must be one word without spaces", label, "tags")
             else:
                 tags.append(tag)
@@ -255,6 +257,9 @@ def _question(raw: Any, deck_id: str, index: int, line: int, check: _Checker) ->
     elif isinstance(raw_choices, list):
         if len(raw_choices) < 2:
             check.add(choices_line, f"needs at least two choices, got {len(raw_choices)}", label, "choices")
+        if len(raw_choices) > MAX_CHOICES:
+            check.add(choices_line, f"has {len(raw_choices)} choices; at most {MAX_CHOICES}, "
+                      f"so the keys 1 to {MAX_CHOICES} can pick each one", label, "choices")
         for number, choice in enumerate(raw_choices, start=1):
             field = f"choices[{number}]"
             if not isinstance(choice, _Mapping):
@@ -320,13 +325,16 @@ def parse_deck(text: str, file: str) -> tuple[Deck | None, list[BankProblem]]:
             reason += f" ({context} started at line {context_mark.line + 1})"
         check.add(line, f"YAML syntax error: {reason}", None, None)
         return None, check.problems
+    except RecursionError:  # PyYAML composes nested lists and mappings recursively
+        check.add(0, "the file nests lists or mappings too deeply to read", None, None)
+        return None, check.problems
     if not isinstance(raw, _Mapping):
         check.add(1, f"a deck file must be a mapping with {sorted(DECK_REQUIRED)}, got {_yaml_kind(raw)}")
         return None, check.problems
 
     check.keys(raw, DECK_KEYS, DECK_REQUIRED, "the deck", None)
     deck_id = raw.get("id")
-    if "id" in raw and (not isinstance(deck_id, str) or not SLUG.match(deck_id)):
+    if "id" in raw and (not isinstance(deck_id, str) or not SLUG.fullmatch(deck_id)):
         check.add(raw.key_lines["id"], "deck id must be a slug: lowercase letters, digits and dashes", None, "id")
         deck_id = None
     title = check.text(raw, "title", None)
@@ -463,7 +471,7 @@ def quiz_to_yaml(text: str, deck_id: str) -> str:
     Correct answers, explanations, reasons and labs are left empty for the author; the validator
     then names exactly what is missing.
     """
-    if not SLUG.match(deck_id):
+    if not SLUG.fullmatch(deck_id):
         raise ValueError(f"deck id {deck_id!r} must be a slug: lowercase letters, digits and dashes")
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:

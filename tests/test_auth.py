@@ -114,7 +114,8 @@ def test_a_page_asked_for_comes_back_after_the_login(app, client):
     assert response.headers["Location"] == "/login?next=/decks/alpha?x%3D1"
     login = client.get(f"/login?token={token_of(app)}&next=/decks/alpha?x%3D1")
     assert login.headers["Location"] == "/decks/alpha?x=1"
-    for elsewhere in ("//evil.example/", "https://evil.example/", "/\\evil.example"):
+    for elsewhere in ("//evil.example/", "https://evil.example/", "/\\evil.example", "/\t/evil.example",
+                      "/\n/evil.example", "/\r\n/x", "/\x7f/evil.example"):
         login = app.test_client().get("/login", query_string={"token": token_of(app), "next": elsewhere})
         assert login.headers["Location"] == "/", elsewhere
 

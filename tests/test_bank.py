@@ -261,6 +261,13 @@ def case_fewer_than_two_choices() -> Case:
     return Case(edit, [(edit.line("choices:", within=q(5)), q(5), "choices")], "at least two choices, got 1")
 
 
+def case_more_choices_than_keys() -> Case:
+    edit = Edit()
+    for number in range(6):  # q(5) has four: ten in all
+        edit.insert_after("choices:", f"      - text: Extra choice {number}\n        why_wrong: Not this one.", within=q(5))
+    return Case(edit, [(edit.line("choices:", within=q(5)), q(5), "choices")], "has 10 choices; at most 9")
+
+
 def case_choices_not_a_list() -> Case:
     edit = Edit().delete("- text: By overlapping", within=q(5), count=8)
     edit.replace("choices:", "choices: By overlapping communication with computation", within=q(5))
@@ -381,6 +388,13 @@ def test_a_file_that_is_not_utf8_names_the_line(tmp_path):
 def test_a_deck_file_that_is_a_list_says_so_in_yamls_words(tmp_path):
     [problem] = problems_of(tmp_path, "- id: fsdp\n- title: x\n")
     assert problem.line == 1 and problem.message.endswith("got a list")  # not the loader's class, _Sequence
+
+
+def test_a_file_nested_too_deeply_for_the_yaml_reader_is_refused_not_a_traceback(tmp_path):
+    # PyYAML composes recursively: 300 nested lists ran past Python's recursion limit.
+    for depth in (300, 5000):
+        [problem] = problems_of(tmp_path, "id: fsdp\ntitle: x\nquestions:\n- id: q\n  tags: " + "[" * depth + "]" * depth + "\n")
+        assert problem.line == 0 and "nests lists or mappings too deeply" in problem.message
 
 
 def test_the_harness_copy_itself_loads(tmp_path):

@@ -39,6 +39,9 @@ def test_run_a_cards_lab_and_see_the_finding_without_a_reload(page: Page, live_s
     expect(page.locator("table.runs tbody tr")).to_have_count(1)
     expect(page.locator("table.runs tbody tr")).to_contain_text("held")
 
+    page.keyboard.press("h")  # the keys still work after a submit the page's script took over
+    expect(page).to_have_url(live_server + "/")
+
     # Back on the card, its lab box now carries the measured finding.
     page.goto(live_server + "/questions/beta-adam")
     expect(page.locator("section.lab .lab-measured")).to_contain_text("Measured: the claim held.")

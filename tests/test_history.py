@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -234,6 +235,16 @@ BAD_FILES = {
     "json-wrong-type": ("json", json_edit("correct", "yes"), ": review #1", "correct"),
     "json-unknown-field": ("json", json_edit("rating", 3), ": review #1", "rating"),
     "json-bool-as-int": ("json", json_edit("quality", True), ": review #1", "quality"),
+    # Past what Python's readers take: each once raised its own error as a traceback.
+    "csv-field-past-the-csv-limit": ("csv", csv_edit("choice_text", "x" * 200_000), ":2:", "field larger than field limit"),
+    "json-nested-past-the-recursion-limit": ("json", lambda t: t.split('"reviews"')[0] + '"reviews": ' + "[" * 100_000, ":",
+                                             "nests arrays or objects too deeply"),
+    "json-number-of-5000-digits": ("json", lambda t: re.sub(r'"quality": \d', '"quality": ' + "9" * 5000, t, count=1), ":",
+                                   "4300 digits"),
+    "time-before-year-one-in-utc": ("csv", csv_edit("reviewed_at", "0001-01-01T00:00:00+14:00"), ":2:", "reviewed_at"),
+    "next-due-day-past-year-9999": ("csv", csv_edit("study_day", "9999-12-31"), ":2:", "past the year 9999"),
+    # A version past 2**31 - 1 would make the card unanswerable: every form refuses it.
+    "submission-id-past-a-billion": ("csv", csv_edit("submission_id", "card5-v99999999999"), ":2:", "below a billion"),
 }
 
 

@@ -7,12 +7,14 @@ import html
 from datetime import date, datetime, timedelta, timezone
 
 import pytest
+from conftest import ALPHA_DECK, BETA_DECK, write_bank
 from sqlmodel import Session, select
 
 from studyapp import stats
 from studyapp.db import get_engine
 from studyapp.models import Card, ReviewLog
 from studyapp.stats import KIND_LEARN, KIND_MATURE, KIND_YOUNG, DayRow, Retention
+from studyapp.sync import sync_bank
 
 WED = date(2026, 3, 4)
 
@@ -202,6 +204,18 @@ def test_the_home_page_names_the_weakest_topic_and_its_lab(built, client, clock)
     assert "Weakest topic this week:" in page
     assert "alpha</a> deck: 1 of 2 cards lapsed" in page
     assert "/labs/allgather-before-layer" in page
+
+
+def test_every_tag_the_bank_accepts_has_the_page_the_stats_page_links(app, client, bank_dir):
+    """Capitals, colons and underscores pass `bank check`; the tag page once refused them (404)."""
+    odd = ("ZeRO-3", "fsdp:memory", "_private", "v1.2")
+    write_bank(bank_dir, {"alpha": ALPHA_DECK.replace("tags: [fsdp]", f"tags: [{', '.join(odd)}]", 1), "beta": BETA_DECK})
+    sync_bank(get_engine(app), bank_dir)
+    page = html.unescape(client.get("/stats").get_data(as_text=True))
+    for tag in odd:
+        assert f'href="/stats/tags/{tag}"' in page, tag
+        tag_page = client.get(f"/stats/tags/{tag}")
+        assert tag_page.status_code == 200 and "/questions/alpha-shards" in tag_page.get_data(as_text=True), tag
 
 
 def test_a_tag_page_lists_its_cards_and_refuses_odd_tags(built, client, clock):

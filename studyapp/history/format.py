@@ -22,7 +22,9 @@ from studyapp.study import Schedule, schedule_after
 FORMAT_NAME = "studyapp-review-history"
 FORMAT_VERSION = 1
 MAX_PROBLEMS = 20  # enough to see the pattern of a broken file without flooding the terminal
-SUBMISSION_ID = re.compile(r"^card(\d{1,12})-v(\d{1,12})$")
+# Card ids and versions below a billion: a card keeps room for its next versions in every database's
+# INTEGER column (2**31 - 1), which the forms hold it to.
+SUBMISSION_ID = re.compile(r"card(\d{1,9})-v(\d{1,9})")
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,10 @@ def _parse_value(field: Field, raw: Any, from_csv: bool) -> Any:
         raise ValueError(f"must be an ISO 8601 {kind} such as {example}, got {raw!r:.60}") from None
     if value.tzinfo is None:
         raise ValueError(f"must carry its UTC offset (+00:00), got {raw!r:.60}")
-    return value.astimezone(timezone.utc)
+    try:
+        return value.astimezone(timezone.utc)
+    except OverflowError:  # e.g. 0001-01-01T00:00:00+14:00 is before year 1 in UTC
+        raise ValueError(f"is outside the years 1 to 9999 in UTC, got {raw!r:.60}") from None
 
 
 def _number(raw: Any, kind: str, from_csv: bool) -> int | float:
@@ -187,7 +192,14 @@ def _records_from_csv(text: str, name: str, problems: list[str]) -> list[tuple[s
                         + (f"; missing {', '.join(missing)}" if missing else "") + (f"; unknown {', '.join(unknown)}" if unknown else ""))
         return []
     records = []
-    for cells in reader:
+    while True:
+        try:
+            cells = next(reader, None)
+        except csv.Error as error:  # a field past the csv module's limit, a NUL byte, ...
+            problems.append(f"{name}:{reader.line_num}: not valid CSV: {error}")
+            return []
+        if cells is None:
+            break
         where = f"{name}:{reader.line_num}"
         if len(cells) != len(header):
             problems.append(f"{where}: expected {len(header)} fields, got {len(cells)}")
@@ -201,6 +213,10 @@ def _records_from_json(text: str, name: str, problems: list[str]) -> list[tuple[
         document = json.loads(text)
     except json.JSONDecodeError as error:
         problems.append(f"{name}:{error.lineno}: not valid JSON: {error.msg}")
+        return []
+    except (ValueError, RecursionError) as error:  # a number of over 4,300 digits; arrays nested too deeply
+        reason = "it nests arrays or objects too deeply" if isinstance(error, RecursionError) else str(error)
+        problems.append(f"{name}: not a review history this app can read: {reason}")
         return []
     if not isinstance(document, dict) or document.get("format") != FORMAT_NAME:
         problems.append(f"{name}:1: field 'format': not a studyapp review history (expected \"format\": \"{FORMAT_NAME}\")")
@@ -258,8 +274,9 @@ def parse_history(text: str, name: str, fmt: str | None = None) -> list[Record]:
 def _record_problems(values: dict[str, Any]) -> list[str]:
     """What makes a well-typed row impossible for this app to have written."""
     problems = []
-    if not SUBMISSION_ID.match(values["submission_id"]):
-        problems.append(f"field 'submission_id': must look like card12-v3, got {values['submission_id']!r:.60}")
+    if not SUBMISSION_ID.fullmatch(values["submission_id"]):
+        problems.append("field 'submission_id': must look like card12-v3, a card id and a version below a billion, "
+                        f"got {values['submission_id']!r:.60}")
     if problem := sm2.misgraded(values["correct"], values["quality"]):
         problems.append(f"field 'quality': {problem}")
     if values["undone"] != (values["undone_at"] is not None):
@@ -272,7 +289,10 @@ def _record_problems(values: dict[str, Any]) -> list[str]:
         problems.append("field 'was_new': must be true exactly when 'before_due_day' is empty and the review is not a repeat")
     if not problems:
         # A step-7 repeat changes no SM-2 state; any other grade moves it by SM-2 and sets the due day.
-        expected = schedule_after(before, values["quality"], values["is_repeat"], values["study_day"])
+        try:
+            expected = schedule_after(before, values["quality"], values["is_repeat"], values["study_day"])
+        except OverflowError:
+            return [f"field 'study_day': its next due day falls past the year 9999, got {values['study_day']}"]
         if after != expected:
             problems.append(f"fields 'after_*': quality {values['quality']} on {values['study_day']} from "
                             f"{describe_schedule(before)} leads to {describe_schedule(expected)}, not {describe_schedule(after)}")

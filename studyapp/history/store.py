@@ -189,7 +189,7 @@ def _bump_versions(session: Session, submission_ids: set[str], touched: dict[int
     any imported id naming it. A card whose schedule changes gets a new version too (stale forms)."""
     highest: dict[int, int] = defaultdict(lambda: -1)
     for sid in submission_ids:
-        card_number, version = map(int, SUBMISSION_ID.match(sid).groups())
+        card_number, version = map(int, SUBMISSION_ID.fullmatch(sid).groups())
         highest[card_number] = max(highest[card_number], version)
     for card in session.exec(select(Card)).all():
         version = max(card.version + (1 if card.id in touched else 0), highest[card.id] + 1)

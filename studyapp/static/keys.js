@@ -11,7 +11,9 @@
     return element.tagName === "INPUT" && !["radio", "checkbox", "button", "submit"].includes(element.type);
   }
 
-  document.addEventListener("submit", function () { submitted = true; });
+  // On window, so it runs after every form's and the document's own submit handlers: a submit that
+  // the page's script took over (preventDefault: a lab run, a simulation) leaves the page, and its keys, live.
+  window.addEventListener("submit", function (event) { if (!event.defaultPrevented) submitted = true; });
   // Back/forward restores the page from cache with its old state: make its keys live again.
   window.addEventListener("pageshow", function () { submitted = false; });
 

@@ -45,6 +45,6 @@ def json_body() -> Any:
 def known_slug(raw: str, what: str) -> str:
     """A deck or question id from a URL or form; anything that is not a slug cannot exist (404),
     and is never sent to the database (PostgreSQL refuses NUL bytes with an error, not a miss)."""
-    if len(raw) > 200 or not SLUG.match(raw) or not raw.isascii():
+    if len(raw) > 200 or not SLUG.fullmatch(raw) or not raw.isascii():
         abort(404, description=f"There is no {what} '{raw[:60]}'.")
     return raw

@@ -7,7 +7,6 @@ the due forecast, and mastery by topic; SVG charts, each with a data table as it
 
 from __future__ import annotations
 
-import re
 from datetime import date, timedelta
 
 from flask import Blueprint, abort, render_template
@@ -16,6 +15,7 @@ from sqlmodel import Session, select
 
 from sharding_lab.catalog import lab_info
 from studyapp import stats
+from studyapp.bank import TAG
 from studyapp.charts import bar_chart, calendar_chart
 from studyapp.db import get_session
 from studyapp.models import Card, ReviewLog
@@ -28,7 +28,6 @@ FORECAST_DAYS = 30
 RETENTION_WEEKS, RETENTION_MONTHS = 12, 12
 CALENDAR_WEEKS = 53
 MASTERY_DAYS = 30  # the mastery table's window; the home page's line uses the last 7 days
-TAG = re.compile(r"[a-z0-9][a-z0-9._+-]{0,63}")
 
 
 def reviews_by_day(session: Session, today: date, days: int = HISTORY_DAYS) -> list[tuple[date, int, int]]:
@@ -156,7 +155,7 @@ def index():
 @bp.get("/tags/<tag>")
 def tag(tag: str):
     """A topic's cards, weakest first by ease, with their labs."""
-    if not TAG.fullmatch(tag):
+    if not TAG.fullmatch(tag):  # the bank's own rule: every tag it accepts has a page
         abort(404, description="There is no such tag.")
     session = get_session()
     today = clock.today()
