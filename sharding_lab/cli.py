@@ -49,7 +49,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cpu-offload", action="store_true",
                         help="FSDP: keep sharded parameters, gradients and Adam state in host memory "
                         "(CPUOffloadPolicy); `measure` refuses it for a DDP strategy, `compare` runs those without it")
-    parser.add_argument("--replicas", type=int, default=1,
+    parser.add_argument("--replicas", type=positive_int, default=1,
                         help="FSDP: HSDP over a replicas x (world size / replicas) mesh (default 1: full "
                         "sharding); `measure` refuses it for a DDP strategy, `compare` runs those without it")
     parser.add_argument("--grad-accum", type=int, default=1, metavar="STEPS",

@@ -92,18 +92,32 @@ class DeepSpeedEstimate:
     gpu_bytes: int
     cpu_bytes: int
     options: str  # the row of DeepSpeed's printed table it is
-    counts: str = ("model states by DeepSpeed's byte counts per parameter (2 + 18/N at stage 2, 18/N at stage 3) "
-                   "and, at stage 3, 4 B per parameter of the largest layer; no activations")
-    # DeepSpeed's host figure is per node: this one is for a single node holding every GPU.
-    cpu_bytes_means: str = "host memory of one node holding every GPU (DeepSpeed's formula is per node)"
+    counts: str  # what the GPU figure counts, for this stage and offload
+    # DeepSpeed's host figure is per node: this one is for a single node holding all N GPUs.
+    cpu_bytes_means: str = "host memory of one node holding all N GPUs (DeepSpeed's formula is per node)"
     source: str = SOURCE
 
 
+# What each formula's GPU figure counts, by (stage, cpu_offload): offload drops the N-split states from it.
+_COUNTS = {
+    (2, False): "model states by DeepSpeed's byte counts, 2 + 18/N B per parameter",
+    (2, True): "2 B per parameter, the fp16 parameters every GPU keeps (the rest offloaded to host memory)",
+    (3, False): "model states by DeepSpeed's byte counts, 18/N B per parameter, and 4 B per parameter of the largest layer",
+    (3, True): ("only a buffer of the largest layer, 4 B per parameter of it (parameters and optimizer states "
+                "offloaded to host memory)"),
+}
+
+
 def deepspeed_estimate(
-    stage: int, total_params: int, largest_layer: int, gpus: int, *, cpu_offload: bool = False
+    stage: int, total_params: int, largest_layer: int, gpus: int, *, cpu_offload: bool = False,
+    gpus_are: str = "all the GPUs",
 ) -> DeepSpeedEstimate:
     """The row of DeepSpeed's `estimate_zero{2,3}_model_states_mem_needs_all_cold` table for `gpus` GPUs on
-    one node: without offload, or (cpu_offload) with the optimizer and, for stage 3, the parameters offloaded."""
+    one node: without offload, or (cpu_offload) with the optimizer and, for stage 3, the parameters offloaded.
+    `gpus_are` says which GPUs those N are, for the description."""
+    if stage not in (2, 3):
+        raise ValueError(f"DeepSpeed publishes estimators for ZeRO stages 2 and 3, not {stage}")
+    counts = f"{_COUNTS[stage, cpu_offload]}; N = {gpus}, {gpus_are}; no activations"
     if stage == 3:
         cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
             total_params, largest_layer, num_gpus_per_node=gpus, cpu_offload=cpu_offload,
@@ -111,8 +125,6 @@ def deepspeed_estimate(
         )
         options = "offload_param=cpu, offload_optimizer=cpu, zero_init=1" if cpu_offload else (
             "offload_param=none, offload_optimizer=none, zero_init=1")
-        return DeepSpeedEstimate(3, gpu, cpu, options)
-    if stage == 2:
-        cpu, gpu = estimate_zero2_model_states_mem_needs(total_params, num_gpus_per_node=gpus, cpu_offload=cpu_offload)
-        return DeepSpeedEstimate(2, gpu, cpu, f"offload_optimizer={'cpu' if cpu_offload else 'none'}")
-    raise ValueError(f"DeepSpeed publishes estimators for ZeRO stages 2 and 3, not {stage}")
+        return DeepSpeedEstimate(3, gpu, cpu, options, counts)
+    cpu, gpu = estimate_zero2_model_states_mem_needs(total_params, num_gpus_per_node=gpus, cpu_offload=cpu_offload)
+    return DeepSpeedEstimate(2, gpu, cpu, f"offload_optimizer={'cpu' if cpu_offload else 'none'}", counts)

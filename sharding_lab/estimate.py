@@ -38,6 +38,21 @@ TABLE1_WORLD_SIZES: tuple[int, ...] = (1, 4, 16, 64, 256, 1024)
 # The paper's column names for each strategy.
 PAPER_STAGE_NAMES: dict[str, str] = {str(s): s.paper_name for s in STRATEGIES}
 
+# The pytorch table counts the paper's collectives in PyTorch's dtypes; where the engine (PyTorch's
+# implementation) issues others, these say how. Only a measurement gives its figures: they depend on the
+# model's tensors (zero1's broadcast per parameter, zero3's root unit), which a parameter count lacks.
+PYTORCH_COMM_ACCOUNTING = ("the ZeRO paper's collectives, derived at PyTorch's mixed-precision dtypes: bf16 "
+                           "all-gathers, fp32 reductions (fp32 throughout for ddp and zero1, as DDP moves them)")
+ENGINE_COLLECTIVES_DIFFER: dict[str, str] = {
+    "zero1": "the engine's zero1 (torch's ZeroRedundancyOptimizer over DDP) all-reduces the gradients and then "
+             "broadcasts each updated parameter from its owner, not the paper's reduce-scatter and all-gather",
+    "zero2": "the engine's zero2 (FSDP2, reshard after forward off) moves the paper's bytes (plus FSDP's padding), "
+             "but all-gathers each unit's parameters before its forward, not after the optimizer step",
+    "zero3": "the engine's zero3 (FSDP2) does not re-gather the root unit (embeddings and head) in backward, so "
+             "its backward all-gather moves less than the paper's Ψ, short by the root's parameters",
+}
+MEASURED_COMM_HINT = "`sharding-lab measure` and `compare` give the engine's collectives, measured"
+
 _SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
 
 
@@ -64,8 +79,9 @@ def analytic_report(num_params: int, world_size: int, *, mixed_precision: bool =
     """The analytic figures for every strategy, as the --json object carries them.
 
     With mixed precision, `communication_per_step` is the paper's (fp16 on the wire throughout) and
-    `communication_per_step_pytorch` what PyTorch's mixed precision moves (bf16 all-gathers, fp32
-    reductions: FSDP2's MixedPrecisionPolicy as the engine runs it, and DDP's).
+    `communication_per_step_pytorch` the paper's collectives in the dtypes PyTorch's mixed precision
+    moves (bf16 all-gathers, fp32 reductions: FSDP2's MixedPrecisionPolicy as the engine sets it, and
+    DDP's), with `engine_differs` where the engine's collectives are not the paper's (zero1, zero2, zero3).
     """
     per_param = bytes_per_param(mixed_precision=mixed_precision)
     wire = PAPER_MIXED_PRECISION_WIRE if mixed_precision else {"gather": 4, "reduce": 4}
@@ -82,10 +98,14 @@ def analytic_report(num_params: int, world_size: int, *, mixed_precision: bool =
         }
         if mixed_precision:
             pytorch = PYTORCH_MIXED_PRECISION_WIRE if strategy.fully_sharded else {"gather": 4, "reduce": 4}
-            figures["communication_per_step_pytorch"] = communication_bytes_per_step(
+            comm = communication_bytes_per_step(
                 num_params, world_size, strategy,
                 gather_bytes_per_element=pytorch["gather"], reduce_bytes_per_element=pytorch["reduce"],
             )
+            comm["accounting"] = PYTORCH_COMM_ACCOUNTING
+            if str(strategy) in ENGINE_COLLECTIVES_DIFFER:
+                comm["engine_differs"] = f"{ENGINE_COLLECTIVES_DIFFER[str(strategy)]}; {MEASURED_COMM_HINT}"
+            figures["communication_per_step_pytorch"] = comm
         strategies[str(strategy)] = figures
     return {
         "params": num_params,
@@ -161,16 +181,19 @@ def _render_analytic(report: dict, console) -> None:
         )
     console.print(table)
     if report["mixed_precision"]:
-        pytorch = Table(title="Communication per step with PyTorch's mixed precision as the engine runs it (bf16 gathers, fp32 reductions)")
+        pytorch = Table(title="The ZeRO paper's communication per step in PyTorch's mixed-precision dtypes "
+                        "(bf16 gathers, fp32 reductions; derived)")
         for column in ("strategy", "comm/step", "wire"):
             pytorch.add_column(column, justify="left" if column == "strategy" else "right")
         for strategy, figures in report["strategies"].items():
             comm = figures["communication_per_step_pytorch"]
             pytorch.add_row(strategy, format_bytes(comm["bytes"]), format_bytes(comm["wire_bytes"]))
         console.print(pytorch)
+        console.print(f"These are the paper's collectives, not all the engine's: {'; '.join(ENGINE_COLLECTIVES_DIFFER.values())}. "
+                      f"{MEASURED_COMM_HINT[0].upper()}{MEASURED_COMM_HINT[1:]}.")
         console.print(
             "With mixed precision the paper moves fp16 throughout; PyTorch (FSDP2's MixedPrecisionPolicy "
-            "with bf16 parameters and fp32 reduction, as the engine runs it; DDP's likewise) all-gathers bf16 "
+            "with bf16 parameters and fp32 reduction, as the engine sets it; DDP's likewise) all-gathers bf16 "
             "but reduces fp32 gradients, and keeps fp32 sharded parameters, gradients and 8-byte Adam state "
             "(4/4/8 bytes per parameter against the paper's 2/2/12)."
         )

@@ -135,8 +135,11 @@ def deepspeed_for(request: PlanRequest) -> DeepSpeedEstimate | None:
         return None
     shapes = request.model.parameter_shapes()
     stage = 3 if request.strategy is Strategy.ZERO3 else 2
+    # DeepSpeed's N is the ranks the states are split over: under HSDP, the shard group, not the world.
+    mesh = request.mesh
+    gpus_are = f"the shard group of the {mesh} mesh" if mesh.replicas > 1 else "all the GPUs"
     return deepspeed_estimate(stage, request.model.num_params, largest_layer_params(shapes),
-                              request.mesh.world_size, cpu_offload=request.cpu_offload)
+                              mesh.shards, cpu_offload=request.cpu_offload, gpus_are=gpus_are)
 
 
 def _request(args: argparse.Namespace, strategy: Strategy) -> PlanRequest:

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from sharding_lab.measurement import NO_NCCL_OVERLAP, Measurement, RankMemory
@@ -13,7 +14,7 @@ from sharding_lab.planner import TRACKER_GRADIENT_FILING
 from sharding_lab.strategies import OPS, PHASES
 from sharding_lab.units import human_bytes
 
-# (label, RankMemory field, the analytic model's part to show beside it)
+# (label, RankMemory field, the part of the ZeRO paper's model (sharding_lab.analytic) to show beside it)
 _MEMORY_ROWS: tuple[tuple[str, str, str | None], ...] = (
     ("parameters", "params_bytes", "params"),
     ("gradients", "grads_bytes", "grads"),
@@ -215,14 +216,16 @@ def render_measurement(m: Measurement, console: Console | None = None) -> None:
     }, rank_columns_that_fit(console.width))
     columns = shown.columns
 
-    memory = _titled(_title(m) + "; measured, with the analytic model's prediction", console)
+    memory = _titled(_title(m) + "; measured, and predicted by the ZeRO paper's model (derived)", console)
     memory.add_column("per rank")
     for column in columns:
         memory.add_column(column.header, justify="right", no_wrap=True)
-    memory.add_column("predicted", justify="right", style="cyan", no_wrap=True)
+    memory.add_column("ZeRO paper", justify="right", style="cyan", no_wrap=True)
     for row, (label, _, part) in enumerate(rows):
         memory.add_row(label, *(column.cells[row] for column in columns), human_bytes(predicted.get(part)) if part else "")
     console.print(memory)
+    for line in paper_lines({str(m.config.strategy): m}):
+        console.print(f"  [dim]{escape(line)}[/dim]")
 
     categories = _titled("Peak memory by category (breakdown of the peak moment, measured by the tracker)", console)
     categories.add_column("category")
@@ -254,11 +257,21 @@ def render_measurement(m: Measurement, console: Console | None = None) -> None:
     _print_footer(m, console)
 
 
+def paper_lines(by_strategy: dict[str, Measurement]) -> list[str]:
+    """What the ZeRO paper's figures count, and where PyTorch's implementation (the engine's) departs from
+    them for each strategy: the text beside a table that shows those figures."""
+    lines = [f"The ZeRO paper's model, derived for this run: {accounting}."
+             for accounting in dict.fromkeys(m.predicted.accounting for m in by_strategy.values())]
+    return lines + [f"{name}, where PyTorch differs from the paper: {m.predicted.differences}"
+                    for name, m in by_strategy.items() if m.predicted.differences]
+
+
 def _print_footer(m: Measurement, console: Console) -> None:
     predicted_comm = m.predicted.communication_bytes_per_step
     line = f"step time {step_time_text(m)}; bytes per step {human_bytes(m.comm.bytes_per_step)}"
-    if predicted_comm:
-        line += f" (ZeRO paper: {predicted_comm['multiple_of_params']}Ψ = {human_bytes(predicted_comm['bytes'])})"
+    if predicted_comm:  # like with like: the paper counts an all-reduce twice (a reduce-scatter and an all-gather)
+        line += (f"; counted as the ZeRO paper counts (an all-reduce twice) {human_bytes(m.comm.bytes_per_step_paper)}, "
+                 f"against its {predicted_comm['multiple_of_params']}Ψ = {human_bytes(predicted_comm['bytes'])}")
     console.print(line)
     for allocator_line in allocator_lines(m):
         console.print(allocator_line)
@@ -292,7 +305,7 @@ def render_comparison(by_strategy: dict[str, Measurement], console: Console | No
     table = Table(
         title=f"Strategies side by side: {first.size} ({first.num_params:,} params), "
         f"micro-batch {first.batch_size_per_rank} x seq {first.seq_len}, "
-        f"{first.world_size} rank{'s' if first.world_size != 1 else ''}, {first.backend}; rank 0, measured (predicted)"
+        f"{first.world_size} rank{'s' if first.world_size != 1 else ''}, {first.backend}; rank 0, measured (predicted by the ZeRO paper's model)"
     )
     table.add_column("")
     for strategy in by_strategy:
@@ -320,6 +333,8 @@ def render_comparison(by_strategy: dict[str, Measurement], console: Console | No
     if any(m.gradient_parity for m in by_strategy.values()):  # --check-gradients
         table.add_row("gradient parity (max rel. error)", *(_parity_cell(m) for m in by_strategy.values()))
     console.print(table)
+    for line in paper_lines(by_strategy):
+        console.print(f"  [dim]{escape(line)}[/dim]")
 
 
 def _parity_cell(m: Measurement) -> str:

@@ -146,7 +146,9 @@ class RunConfig:
         if self.check_gradients and self.grad_accum_steps > 1:
             raise ValueError("check_gradients compares one micro-batch's gradient: use grad_accum_steps=1")
         options = self.options
-        if options.replicas < 1 or self.world_size % options.replicas:
+        if options.replicas < 1:
+            raise ValueError(f"replicas must be at least 1, got {options.replicas}")
+        if self.world_size % options.replicas:
             raise ValueError(
                 f"replicas={options.replicas} must divide the world size {self.world_size} "
                 "(HSDP's mesh is replicas x shards)"

@@ -34,6 +34,7 @@ from studyapp.anki import (
     restamp,
     stale_exports,
 )
+from studyapp.anki.manifest import ExportFileError
 from studyapp.anki.note_type import FIELDS, NOTE_TYPE_ID, NOTE_TYPE_NAME
 from studyapp.bank import load_bank
 
@@ -518,3 +519,78 @@ def test_stale_exports_name_what_is_out_of_date(tmp_path, runner):
     (out / LAB_RESULTS_FILE).write_text("{}")
     (out / "fsdp.apkg").unlink()
     assert stale_exports(load_bank(bank), out, next(scratch)) == ["fsdp.apkg is missing"]
+
+
+# --- Files beside the packages that cannot be read back --------------------------------------
+
+JSON_ERROR = "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"
+COMMITTED_STAMPS = f"delete it to continue from the stamps of {DEFAULT_EXPORTS_DIR / MANIFEST_FILE}, as a new folder does"
+COMMITTED_RESULTS = f"delete it to carry the results of {DEFAULT_EXPORTS_DIR / LAB_RESULTS_FILE}, as a new folder does"
+
+
+@pytest.mark.parametrize("check", [False, True], ids=["export", "check"])
+@pytest.mark.parametrize("name, content, says", [
+    (LAB_RESULTS_FILE, "{", f"is not a lab results file: {JSON_ERROR}; {COMMITTED_RESULTS}"),
+    (LAB_RESULTS_FILE, "[]", f"is not a lab results file: not an object by lab id but []; {COMMITTED_RESULTS}"),
+    (MANIFEST_FILE, "{", f"is not a manifest this app wrote: {JSON_ERROR}; {COMMITTED_STAMPS}"),
+    (MANIFEST_FILE, "[]", f'is not a manifest this app wrote: not an object with "notes" by question id: []; {COMMITTED_STAMPS}'),
+    (MANIFEST_FILE, '{"notes": 5}',
+     f'is not a manifest this app wrote: not an object with "notes" by question id: {{"notes": 5}}; {COMMITTED_STAMPS}'),
+    (MANIFEST_FILE, '{"note_type": null, "notes": {"zero-q1": {"mod": 1}}}',
+     f'is not a manifest this app wrote: the stamp of zero-q1 is not {{"hash": text, "mod": seconds}}: {{"mod": 1}}; {COMMITTED_STAMPS}'),
+])
+def test_a_file_beside_the_packages_that_is_not_ours_stops_the_export_in_one_line(runner, tmp_path, check, name, content, says):
+    out = tmp_path / "out"
+    args = ["export-anki", "--bank", str(write_bank(tmp_path / "ours")), "--out", str(out), *(["--check"] if check else [])]
+    assert runner.invoke(args=args[:5]).exit_code == 0
+    (out / name).write_text(content, encoding="utf-8")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    result = runner.invoke(args=args)
+    assert (result.exit_code, result.output) == (1, f"Error: {out / name} {says}\n")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # refused whole: nothing rewritten
+    (out / name).unlink()  # as the line says: without the file, the export goes ahead
+    assert runner.invoke(args=args[:5]).exit_code == 0
+
+
+def test_in_the_committed_folder_the_line_says_what_deleting_loses(runner, tmp_path, monkeypatch):
+    import studyapp.cli.anki as cli
+
+    out = tmp_path / "exports"
+    monkeypatch.setattr(cli, "DEFAULT_EXPORTS_DIR", out)  # no folder behind it to fall back on
+    args = ["export-anki", "--bank", str(write_bank(tmp_path / "ours")), "--out", str(out)]
+    assert runner.invoke(args=args).exit_code == 0
+    (out / MANIFEST_FILE).write_text("{")
+    result = runner.invoke(args=args)
+    assert result.output == (f"Error: {out / MANIFEST_FILE} is not a manifest this app wrote: {JSON_ERROR}; restore it, or "
+                             "delete it to stamp every note anew (Anki then updates every note on its next import)\n")
+    (out / MANIFEST_FILE).unlink()
+    (out / LAB_RESULTS_FILE).write_text("null")
+    result = runner.invoke(args=args)
+    assert result.output == (f"Error: {out / LAB_RESULTS_FILE} is not a lab results file: not an object by lab id but null; "
+                             "restore it, or delete it to export only the lab runs in the database\n")
+
+
+def test_one_deck_is_not_exported_beside_lab_results_it_cannot_read(tmp_path):
+    bank, out = write_bank(tmp_path / "bank"), tmp_path / "out"
+    export_anki(load_bank(bank), out, {}, T0)
+    (out / LAB_RESULTS_FILE).write_text('"x"')
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    changed = load_bank(write_bank(bank, edits={"zero-q1": "Reworded?"}))
+    with pytest.raises(ExportFileError, match=r'lab-results\.json is not a lab results file: not an object by lab id but "x"'):
+        export_anki(changed, out, {}, T0 + 60, deck_id="zero")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # not the package and manifest without the results
+
+
+def test_a_file_beside_the_packages_that_cannot_be_read_is_named_with_the_reason(tmp_path, monkeypatch):
+    # The suite runs as root, whom file modes do not stop: the OS's refusal is raised here instead.
+    for name in ("manifest.json", "lab-results.json"):
+        (tmp_path / name).write_text("{}", encoding="utf-8")
+
+    def refused(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_text", refused)
+    for name, read in (("manifest.json", read_manifest), ("lab-results.json", read_lab_results)):
+        with pytest.raises(ExportFileError) as error:
+            read(tmp_path / name)
+        assert str(error.value) == f"{tmp_path / name} cannot be read: Permission denied"

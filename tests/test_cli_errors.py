@@ -58,3 +58,18 @@ def test_flasks_app_and_env_file_options_are_not_offered(tmp_path):
     assert shown.returncode == 0 and "--app" not in shown.stdout and "--env-file" not in shown.stdout
     refused = studyapp("--app", "other:app", "db", "current", database_url=f"sqlite:///{tmp_path}/x.db", cwd=tmp_path)
     assert refused.returncode == 2 and "No such option '--app'" in refused.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, content, says", [
+    ("lab-results.json", "{", "is not a lab results file: Expecting property name enclosed in double quotes"),
+    ("manifest.json", "[]", 'is not a manifest this app wrote: not an object with "notes" by question id: []'),
+])
+def test_export_anki_names_a_file_beside_the_packages_it_cannot_read(tmp_path, name, content, says):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).write_text(content, encoding="utf-8")
+    result = studyapp("export-anki", "--out", str(out), database_url=f"sqlite:///{tmp_path}/x.db", cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1 and f"Error: {out / name} {says}" in output and "Traceback" not in output, output
+    assert [p.name for p in out.iterdir()] == [name]  # nothing written beside it

@@ -145,6 +145,8 @@ def test_a_tied_head_is_one_parameter_sharded_once_with_the_summed_gradient():
         ({"strategy": "ddp", "cpu_offload": True}, "cpu_offload is an FSDP option"),
         ({"strategy": "zero1", "replicas": 2}, "replicas is an FSDP option"),
         ({"strategy": "zero3", "replicas": 3, "world_size": 4}, "replicas=3 must divide the world size 4"),
+        ({"strategy": "zero3", "replicas": -1}, "replicas must be at least 1, got -1"),  # -1 divides 2: not the why
+        ({"strategy": "zero3", "replicas": 0}, "replicas must be at least 1, got 0"),
         ({"strategy": "zero3", "grad_accum_steps": 0}, "grad_accum_steps must be at least 1"),
         ({"strategy": "zero3", "grad_accum_steps": 2, "check_gradients": True}, "use grad_accum_steps=1"),
     ],

@@ -87,6 +87,30 @@ def test_json_has_model_states_per_strategy(capsys):
     assert report["strategies"]["zero3"]["communication_per_step_pytorch"]["bytes"] == 8 * psi
     # DDP reduces fp32 gradients: the paper's 2Ψ elements at 4 bytes.
     assert report["strategies"]["ddp"]["communication_per_step_pytorch"]["bytes"] == 8 * psi
+    # Those are the paper's collectives; where the engine issues others the JSON says so, for the strategy.
+    differs = {s: f["communication_per_step_pytorch"].get("engine_differs", "") for s, f in report["strategies"].items()}
+    assert differs["ddp"] == ""  # DDP's one all-reduce is the paper's
+    assert "ZeroRedundancyOptimizer over DDP) all-reduces the gradients" in differs["zero1"]
+    assert "before its forward, not after the optimizer step" in differs["zero2"]
+    assert "does not re-gather the root unit" in differs["zero3"]
+    assert all("`sharding-lab measure` and `compare`" in differs[s] for s in ("zero1", "zero2", "zero3"))
+
+
+def test_pytorch_communication_table_is_the_papers_with_the_engines_differences_beside_it(capsys):
+    # tiny's 60,096 parameters at 2 ranks: the table's zero1 row is the paper's reduce-scatter and
+    # all-gather, fp32, each (N-1)/N x 4 B x 60,096 = 120,192 B on the wire, 240.4 kB in all; the engine's
+    # (an all-reduce and 53 broadcasts) sends 360,576 B, as `compare` measured it: only a measurement gives that.
+    assert run_estimate_cli(["--params", "60096", "--world-size", "2", "--mixed-precision"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # rich wraps at 80 columns
+    assert "as the engine runs it" not in out
+    assert ("The ZeRO paper's communication per step in PyTorch's mixed-precision dtypes "
+            "(bf16 gathers, fp32 reductions; derived)") in out
+    assert "│ zero1 │ 480.8 kB │ 240.4 kB │" in out
+    assert "These are the paper's collectives, not all the engine's:" in out
+    assert ("(torch's ZeroRedundancyOptimizer over DDP) all-reduces the gradients and then broadcasts each "
+            "updated parameter from its owner") in out
+    assert "does not re-gather the root unit (embeddings and head) in backward" in out
+    assert "`sharding-lab measure` and `compare` give the engine's collectives, measured." in out
 
 
 def test_fp32_json(capsys):

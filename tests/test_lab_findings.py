@@ -106,3 +106,20 @@ def test_export_anki_takes_the_same_rule_and_dates_a_local_run(app, runner, tmp_
     assert carried["adam-optimizer-state"]["finding"] == "measured here at 4 ranks"
     assert carried["adam-optimizer-state"]["measured_at"] == "2026-03-01T09:30:00+00:00"
     assert carried["what-fsdp-shards"] == REFERENCE["what-fsdp-shards"]
+
+
+@pytest.mark.parametrize("content", ["[]", "null", '"x"', "{", '{"adam-optimizer-state": ["not", "a result"]}'])
+def test_a_reference_file_that_is_not_lab_results_counts_as_none(app, client, csrf_token, content):
+    # Valid JSON of the wrong shape is as unreadable as a truncated file: no reference, not a 500.
+    (Path(app.config["EXPORTS_DIR"]) / "lab-results.json").write_text(content, encoding="utf-8")
+    labs = client.get("/labs")
+    assert labs.status_code == 200 and "committed reference" not in text(labs)
+    lab = client.get("/labs/adam-optimizer-state")
+    assert lab.status_code == 200 and "Not run yet: press “Run this lab”" in text(lab)
+    card = client.get("/questions/beta-adam")
+    assert card.status_code == 200
+    assert "Measured:" not in text(card) and "Run this lab →" in text(card)
+    study = client.get("/study").get_data(as_text=True)
+    shown = {name: re.search(rf'name="{name}" value="(\d+)"', study).group(1) for name in ("card_id", "version")}
+    answered = client.post("/study/answer", data={"csrf_token": csrf_token, **shown, "choice": "1"})
+    assert answered.status_code == 200 and "Run this lab →" in text(answered)

@@ -172,3 +172,29 @@ def test_the_command_exits_without_teardown_once_its_whole_answer_is_out(tmp_pat
     # A command that starts processes keeps its teardown (multiprocessing's cleanup runs at exit).
     listed = subprocess.run([sys.executable, "-c", script, "list"], capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0 and marker.exists()
+
+
+# 7b: Ψ = 6,864,642,048 parameters; its largest layer is wte (or lm_head), 50,304 x 4,096 = 206,045,184.
+def test_the_deepspeed_row_under_hsdp_splits_the_states_over_the_shard_group(capsys):
+    code, out, _ = run(["--size", "7b", "--mesh", "8x8", "--strategy", "zero3", "--json"], capsys)
+    assert code == 0
+    deepspeed = json.loads(out)["strategies"]["zero3"]["deepspeed"]
+    # 4 B x the largest layer + 18 B x Ψ / 8: 824,180,736 + 15,445,444,608 (not / 64, the world size).
+    assert deepspeed["gpu_bytes"] == 16_269_625_344
+    assert "N = 8, the shard group of the 8x8 mesh" in deepspeed["counts"]
+
+
+@pytest.mark.parametrize(
+    ("strategy", "gpu_bytes", "counts"),
+    [
+        ("zero3", 824_180_736, "only a buffer of the largest layer, 4 B per parameter of it"),  # 4 B x 206,045,184
+        ("zero2", 13_729_284_096, "2 B per parameter, the fp16 parameters every GPU keeps"),  # 2 B x Ψ
+    ],
+)
+def test_the_deepspeed_row_with_cpu_offload_says_what_it_counts(strategy, gpu_bytes, counts, capsys):
+    code, out, _ = run(["--size", "7b", "--gpus", "8", "--strategy", strategy, "--cpu-offload", "--json"], capsys)
+    assert code == 0
+    deepspeed = json.loads(out)["strategies"][strategy]["deepspeed"]
+    assert deepspeed["gpu_bytes"] == gpu_bytes
+    assert deepspeed["counts"].startswith(counts)
+    assert "18/N" not in deepspeed["counts"]  # offloaded: the N-split states are not on the GPU

@@ -14,6 +14,7 @@ from sharding_lab.report import (
     rank_columns,
     rank_columns_that_fit,
     rank_label,
+    render_comparison,
     render_measurement,
 )
 from sharding_lab.units import human_bytes
@@ -108,3 +109,42 @@ def test_four_distinct_ranks_show_each_on_a_wide_console_and_least_and_most_on_a
     ]
     assert "4 ranks, too many distinct to show each" in text
     assert "  parameters: least on rank 0, most on rank 3\n" in text
+
+
+@pytest.mark.slow
+def test_the_predicted_column_is_the_zero_papers_and_the_text_says_where_pytorch_differs():
+    # zero2 on tiny at 2 ranks: FSDP2 keeps a parameter shard, 60,096 x 4 B / 2 = 117.4 KiB, where the
+    # paper's stage 2 keeps them all, 60,096 x 4 B = 234.8 KiB; the text must say why they differ.
+    runs = typed()
+    console = Console(record=True, width=400)
+    render_measurement(runs["zero2"], console)
+    text = console.export_text()
+    assert "measured, and predicted by the ZeRO paper's model (derived)" in text
+    header = [line for line in text.splitlines() if "┃ per rank" in line][0]
+    assert header.split("┃")[-2].strip() == "ZeRO paper"
+    params = [line for line in text.splitlines() if line.startswith("│ parameters")][0]
+    assert [cell.strip() for cell in params.split("│")[2:-1]] == ["117.4 KiB", "234.8 KiB"]
+    zero2_differs = ("zero2, where PyTorch differs from the paper: FSDP2 with reshard_after_forward=False keeps "
+                     "only a parameter shard between steps")
+    assert zero2_differs in text
+    assert "The ZeRO paper's model, derived for this run: model states: fp32 Adam (4+4+8 bytes per parameter)" in text
+
+    console = Console(record=True, width=400)
+    render_comparison({name: runs[name] for name in ("ddp", "zero2")}, console)
+    text = console.export_text()
+    assert "rank 0, measured (predicted by the ZeRO paper's model)" in text
+    assert zero2_differs in text
+    assert "ddp, where" not in text  # DDP is the paper's baseline: nothing to explain
+
+
+@pytest.mark.slow
+def test_the_footer_counts_bytes_as_the_paper_does_before_setting_them_beside_its_figure():
+    # DDP on tiny: one all-reduce of 60,096 fp32 gradients (234.8 KiB); the paper counts an all-reduce
+    # as a reduce-scatter and an all-gather, 2Ψ = 2 x 60,096 x 4 B = 469.5 KiB.
+    ddp = typed()["ddp"]
+    assert [(c.op, c.bytes) for c in ddp.comm.collectives] == [("all_reduce", 60_096 * 4)]
+    console = Console(record=True, width=400)
+    render_measurement(ddp, console)
+    footer = [line for line in console.export_text().splitlines() if line.startswith("step time")][0]
+    assert footer.endswith("bytes per step 234.8 KiB; counted as the ZeRO paper counts (an all-reduce twice) "
+                           "469.5 KiB, against its 2Ψ = 469.5 KiB")

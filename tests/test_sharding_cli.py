@@ -90,6 +90,14 @@ def test_a_timeout_that_is_not_a_positive_number_is_a_usage_error(argv, capsys):
     assert "timeout: must be a positive, finite number" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("replicas", ["0", "-1"])
+def test_replicas_below_one_is_a_usage_error_naming_the_option(replicas, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["measure", "--strategy", "zero3", "--world-size", "2", "--replicas", replicas])
+    assert exit_info.value.code == 2
+    assert f"--replicas: must be a whole number >= 1, got '{replicas}'" in capsys.readouterr().err
+
+
 def test_a_refused_combination_is_a_usage_error_before_any_rank_starts(capsys):
     assert cli.main(["measure", "--strategy", "ddp", "--mixed-precision", "--json"]) == 2
     captured = capsys.readouterr()

@@ -43,9 +43,35 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str) -> Manifest:
+        """The manifest `to_json` wrote; ValueError saying what is wrong with any other text."""
         data = json.loads(text)
-        note_type = Stamp(**data["note_type"]) if data.get("note_type") else None
-        return cls(note_type, {qid: Stamp(**stamp) for qid, stamp in data.get("notes", {}).items()})
+        if not isinstance(data, dict) or not isinstance(data.get("notes", {}), dict):
+            raise ValueError(f'not an object with "notes" by question id: {json_excerpt(data)}')
+        note_type = _stamp(data["note_type"], "the note type's stamp") if data.get("note_type") else None
+        return cls(note_type, {qid: _stamp(stamp, f"the stamp of {qid}") for qid, stamp in data.get("notes", {}).items()})
+
+
+class ExportFileError(Exception):
+    """A file beside the packages (the manifest, lab-results.json) that is not as this app writes it:
+    one line naming the file and what is wrong."""
+
+    def __init__(self, path: Path, problem: str):
+        super().__init__(f"{path} {problem}")
+        self.path = path
+
+
+def json_excerpt(value: object) -> str:
+    """`value` as JSON, cut to fit in an error line."""
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _stamp(value: object, what: str) -> Stamp:
+    if isinstance(value, dict) and value.keys() == {"hash", "mod"}:
+        content_hash, mod = value["hash"], value["mod"]
+        if isinstance(content_hash, str) and isinstance(mod, int) and not isinstance(mod, bool):  # JSON true is no mtime
+            return Stamp(content_hash, mod)
+    raise ValueError(f'{what} is not {{"hash": text, "mod": seconds}}: {json_excerpt(value)}')
 
 
 def _next_stamp(previous: Stamp | None, content_hash: str, now: int) -> Stamp:
@@ -64,4 +90,14 @@ def restamp(previous: Manifest, notes: Iterable[NoteContent], now: int) -> Manif
 
 
 def read_manifest(path: Path) -> Manifest | None:
-    return Manifest.from_json(path.read_text(encoding="utf-8")) if path.is_file() else None
+    """The manifest in `path`; None when there is none yet. ExportFileError when it is not one."""
+    if not path.is_file():
+        return None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:  # e.g. no permission
+        raise ExportFileError(path, f"cannot be read: {error.strerror}") from None
+    try:
+        return Manifest.from_json(text)
+    except ValueError as error:  # not UTF-8, not JSON, or not a manifest's shape
+        raise ExportFileError(path, f"is not a manifest this app wrote: {error}") from None

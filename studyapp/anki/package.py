@@ -23,7 +23,14 @@ import genanki
 
 from sharding_lab import atomic_write
 from studyapp import REPO_ROOT
-from studyapp.anki.manifest import MANIFEST_FILE, Manifest, read_manifest, restamp
+from studyapp.anki.manifest import (
+    MANIFEST_FILE,
+    ExportFileError,
+    Manifest,
+    json_excerpt,
+    read_manifest,
+    restamp,
+)
 from studyapp.anki.note_type import note_type
 from studyapp.anki.render import LabResult, LabResults, NoteContent, escape_text, render_decks
 from studyapp.bank import Deck
@@ -136,10 +143,19 @@ def carried_result(result: LabResult) -> dict[str, Any]:
 
 
 def read_lab_results(path: Path) -> dict[str, dict[str, Any]]:
-    """lab id -> the JSON of `sharding-lab run LAB --json`; {} when the file is absent or empty."""
-    if not path.is_file() or not path.read_text(encoding="utf-8").strip():
+    """lab id -> the JSON of `sharding-lab run LAB --json`; {} when the file is absent or empty.
+    ExportFileError when it is not JSON of an object; an entry that is not an object is left out."""
+    if not path.is_file():
         return {}
-    data = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if text.strip() else {}
+    except OSError as error:  # e.g. no permission
+        raise ExportFileError(path, f"cannot be read: {error.strerror}") from None
+    except ValueError as error:  # not UTF-8, or not JSON
+        raise ExportFileError(path, f"is not a lab results file: {error}") from None
+    if not isinstance(data, dict):
+        raise ExportFileError(path, f"is not a lab results file: not an object by lab id but {json_excerpt(data)}")
     return {lab: result for lab, result in data.items() if isinstance(result, dict)}
 
 
@@ -163,6 +179,8 @@ def export_anki(
     out_dir.mkdir(parents=True, exist_ok=True)
     notes = render_decks(chosen, lab_results)
     manifest = restamp(read_manifest(out_dir / MANIFEST_FILE) or previous or Manifest(), (n for ns in notes.values() for n in ns), now)
+    # Read before anything is written: a file that cannot be read back then stops the export whole.
+    carried = read_lab_results(out_dir / LAB_RESULTS_FILE) if deck_id else {}
 
     written = [write_package([deck], notes, manifest, out_dir / f"{deck.id}.apkg") for deck in chosen]
     if deck_id is None:
@@ -170,7 +188,6 @@ def export_anki(
     atomic_write.write_text(out_dir / MANIFEST_FILE, manifest.to_json())
 
     # Record the results these notes were built with; with one deck, only its labs change.
-    carried = read_lab_results(out_dir / LAB_RESULTS_FILE) if deck_id else {}
     for lab in {q.lab for deck in chosen for q in deck.questions}:
         carried.pop(lab, None)
         if lab_results.get(lab):

@@ -22,7 +22,8 @@ from studyapp.anki import (
     read_manifest,
     stale_exports,
 )
-from studyapp.bank import BankError, load_bank
+from studyapp.anki.manifest import ExportFileError
+from studyapp.bank import BankError, Deck, load_bank
 from studyapp.db import get_engine
 from studyapp.lab_runs import latest_done
 from studyapp.lab_runs.findings import choose
@@ -74,13 +75,39 @@ def export_anki_command(deck_id: str | None, out_dir: Path | None, bank_dir: Pat
         decks = load_bank(bank_dir or config.get("BANK_PATH"))
     except BankError as error:
         raise click.ClickException(str(error)) from error
-    if check:
-        with tempfile.TemporaryDirectory() as scratch:
-            problems = stale_exports(decks, out_dir, Path(scratch))
-        if problems:
-            raise click.ClickException(f"{out_dir} is out of date; run `studyapp export-anki`:\n  " + "\n  ".join(problems))
-        click.echo(f"{out_dir} is up to date with the bank")
-        return
+    try:
+        if check:
+            _check(decks, out_dir)
+        else:
+            _export(decks, out_dir, deck_id)
+    except ExportFileError as error:
+        # Refused, not read as empty as the pages do: that would rewrite its labs' notes as "Not run
+        # yet" or restamp every note (so Anki overwrites the learner's), then replace the file.
+        # Refusing loses nothing; the user repairs the file or deletes it knowingly.
+        raise click.ClickException(f"{error}; {_remedy(error.path)}") from None
+
+
+def _remedy(path: Path) -> str:
+    """What to do about a file beside the packages that cannot be read back: what deleting it means."""
+    committed = path.parent.resolve() == DEFAULT_EXPORTS_DIR.resolve()  # nothing to fall back on
+    if path.name == MANIFEST_FILE:
+        if committed:
+            return "restore it, or delete it to stamp every note anew (Anki then updates every note on its next import)"
+        return f"delete it to continue from the stamps of {DEFAULT_EXPORTS_DIR / MANIFEST_FILE}, as a new folder does"
+    if committed:
+        return "restore it, or delete it to export only the lab runs in the database"
+    return f"delete it to carry the results of {DEFAULT_EXPORTS_DIR / LAB_RESULTS_FILE}, as a new folder does"
+
+
+def _check(decks: list[Deck], out_dir: Path) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        problems = stale_exports(decks, out_dir, Path(scratch))
+    if problems:
+        raise click.ClickException(f"{out_dir} is out of date; run `studyapp export-anki`:\n  " + "\n  ".join(problems))
+    click.echo(f"{out_dir} is up to date with the bank")
+
+
+def _export(decks: list[Deck], out_dir: Path, deck_id: str | None) -> None:
     # Per lab: its latest run in the app's database, else the result the exports already carry
     # (the same rule as the pages: studyapp.lab_runs.findings.choose).
     results_file = out_dir / LAB_RESULTS_FILE
@@ -93,7 +120,7 @@ def export_anki_command(deck_id: str | None, out_dir: Path | None, bank_dir: Pat
     previous = read_manifest(DEFAULT_EXPORTS_DIR / MANIFEST_FILE)
     try:
         written = export_anki(decks, out_dir, choose(from_db, from_file), int(time.time()), deck_id, previous)
-    except ValueError as error:
+    except ValueError as error:  # no such deck
         raise click.ClickException(str(error)) from error
     except OSError as error:
         where = error.filename or out_dir

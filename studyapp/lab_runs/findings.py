@@ -91,8 +91,10 @@ _reference_cache: dict[Path, tuple[float, dict[str, dict[str, Any]]]] = {}
 
 
 def reference_results(exports_dir: str | Path | None) -> dict[str, dict[str, Any]]:
-    """The committed results in `exports_dir`/lab-results.json; {} when absent or unreadable.
-    Re-read only when the file changes (the pages ask on every request)."""
+    """The committed results in `exports_dir`/lab-results.json; {} when absent, unreadable or not
+    lab results (the pages then show no reference). Re-read only when the file changes (the pages
+    ask on every request)."""
+    from studyapp.anki.manifest import ExportFileError
     from studyapp.anki.package import read_lab_results  # the one reader of the file
 
     if not exports_dir:
@@ -106,7 +108,7 @@ def reference_results(exports_dir: str | Path | None) -> dict[str, dict[str, Any
     if cached is None or cached[0] != mtime:
         try:
             cached = (mtime, read_lab_results(path))
-        except (OSError, ValueError):
+        except (OSError, ExportFileError):
             cached = (mtime, {})
         _reference_cache[path] = cached
     return cached[1]
