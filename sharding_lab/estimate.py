@@ -39,18 +39,11 @@ TABLE1_WORLD_SIZES: tuple[int, ...] = (1, 4, 16, 64, 256, 1024)
 PAPER_STAGE_NAMES: dict[str, str] = {str(s): s.paper_name for s in STRATEGIES}
 
 # The pytorch table counts the paper's collectives in PyTorch's dtypes; where the engine (PyTorch's
-# implementation) issues others, these say how. Only a measurement gives its figures: they depend on the
-# model's tensors (zero1's broadcast per parameter, zero3's root unit), which a parameter count lacks.
+# implementation) issues others, Strategy.collective_differences says how. Only a measurement gives their
+# figures: they depend on the model's tensors (zero1's broadcast per parameter, zero3's root unit), which a
+# parameter count lacks.
 PYTORCH_COMM_ACCOUNTING = ("the ZeRO paper's collectives, derived at PyTorch's mixed-precision dtypes: bf16 "
                            "all-gathers, fp32 reductions (fp32 throughout for ddp and zero1, as DDP moves them)")
-ENGINE_COLLECTIVES_DIFFER: dict[str, str] = {
-    "zero1": "the engine's zero1 (torch's ZeroRedundancyOptimizer over DDP) all-reduces the gradients and then "
-             "broadcasts each updated parameter from its owner, not the paper's reduce-scatter and all-gather",
-    "zero2": "the engine's zero2 (FSDP2, reshard after forward off) moves the paper's bytes (plus FSDP's padding), "
-             "but all-gathers each unit's parameters before its forward, not after the optimizer step",
-    "zero3": "the engine's zero3 (FSDP2) does not re-gather the root unit (embeddings and head) in backward, so "
-             "its backward all-gather moves less than the paper's Ψ, short by the root's parameters",
-}
 MEASURED_COMM_HINT = "`sharding-lab measure` and `compare` give the engine's collectives, measured"
 
 _SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
@@ -103,8 +96,8 @@ def analytic_report(num_params: int, world_size: int, *, mixed_precision: bool =
                 gather_bytes_per_element=pytorch["gather"], reduce_bytes_per_element=pytorch["reduce"],
             )
             comm["accounting"] = PYTORCH_COMM_ACCOUNTING
-            if str(strategy) in ENGINE_COLLECTIVES_DIFFER:
-                comm["engine_differs"] = f"{ENGINE_COLLECTIVES_DIFFER[str(strategy)]}; {MEASURED_COMM_HINT}"
+            if strategy.collective_differences:
+                comm["engine_differs"] = f"{strategy.collective_differences} {MEASURED_COMM_HINT}."
             figures["communication_per_step_pytorch"] = comm
         strategies[str(strategy)] = figures
     return {
@@ -189,8 +182,8 @@ def _render_analytic(report: dict, console) -> None:
             comm = figures["communication_per_step_pytorch"]
             pytorch.add_row(strategy, format_bytes(comm["bytes"]), format_bytes(comm["wire_bytes"]))
         console.print(pytorch)
-        console.print(f"These are the paper's collectives, not all the engine's: {'; '.join(ENGINE_COLLECTIVES_DIFFER.values())}. "
-                      f"{MEASURED_COMM_HINT[0].upper()}{MEASURED_COMM_HINT[1:]}.")
+        differ = " ".join(f"{s}: {s.collective_differences}" for s in STRATEGIES if s.collective_differences)
+        console.print(f"These are the paper's collectives, not all the engine's. {differ} {MEASURED_COMM_HINT}.")
         console.print(
             "With mixed precision the paper moves fp16 throughout; PyTorch (FSDP2's MixedPrecisionPolicy "
             "with bf16 parameters and fp32 reduction, as the engine sets it; DDP's likewise) all-gathers bf16 "

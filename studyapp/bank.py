@@ -37,7 +37,7 @@ import yaml
 DEFAULT_BANK_DIR = Path(__file__).resolve().parent.parent / "bank"
 # Ids and tags, matched whole (fullmatch: `$` would let a trailing newline through).
 SLUG = re.compile(r"[a-z0-9][a-z0-9-]*")
-TAG = re.compile(r"[A-Za-z0-9_:.-]+")  # Anki tags cannot contain spaces; the stats pages link each one
+TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_:.-]*")  # Anki tags cannot contain spaces; the stats pages link each one (so no `.` or `..`)
 
 DECK_KEYS = {"id", "title", "description", "retired_ids", "questions", "order"}
 DECK_REQUIRED = {"id", "title", "questions"}

@@ -392,6 +392,25 @@ def test_cli_writes_every_package(runner, tmp_path):
     assert result.exit_code != 0 and "no deck 'nope'" in result.output
 
 
+def test_a_folder_with_its_own_manifest_exports_whatever_the_committed_one_holds(runner, tmp_path, monkeypatch):
+    import studyapp.cli.anki as anki_cli
+
+    write_bank(tmp_path / "ours")
+    out = tmp_path / "out"
+    args = ["export-anki", "--bank", str(tmp_path / "ours"), "--out", str(out)]
+    assert runner.invoke(args=args).exit_code == 0  # the folder now has its own manifest
+    committed = tmp_path / "committed"
+    committed.mkdir()
+    (committed / MANIFEST_FILE).write_text("{", encoding="utf-8")  # damaged, and never needed here
+    (committed / LAB_RESULTS_FILE).write_text("{}", encoding="utf-8")
+    monkeypatch.setattr(anki_cli, "DEFAULT_EXPORTS_DIR", committed)
+    result = runner.invoke(args=args)
+    assert result.exit_code == 0 and f"wrote {out / ALL_DECKS_FILE}" in result.output, result.output
+    (out / MANIFEST_FILE).unlink()  # now the committed stamps are needed: refused, naming that file
+    result = runner.invoke(args=args)
+    assert result.exit_code == 1 and f"Error: {committed / MANIFEST_FILE} is not a manifest this app wrote" in result.output
+
+
 def test_a_failed_export_keeps_the_packages_it_had_and_says_why(runner, tmp_path, monkeypatch):
     import studyapp.anki.package as package
 
@@ -594,3 +613,16 @@ def test_a_file_beside_the_packages_that_cannot_be_read_is_named_with_the_reason
         with pytest.raises(ExportFileError) as error:
             read(tmp_path / name)
         assert str(error.value) == f"{tmp_path / name} cannot be read: Permission denied"
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"\xff\xfe{}", "'utf-8' codec can't decode byte 0xff"),
+    (b"[" * 100_000, "it nests too deeply to read"),
+])
+def test_a_file_beside_the_packages_that_is_not_text_or_nests_too_deeply_is_named(tmp_path, content, says):
+    for name, read, what in (("manifest.json", read_manifest, "a manifest this app wrote"),
+                             ("lab-results.json", read_lab_results, "a lab results file")):
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(ExportFileError) as error:
+            read(tmp_path / name)
+        assert str(error.value).startswith(f"{tmp_path / name} is not {what}: ") and says in str(error.value)

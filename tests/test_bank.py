@@ -397,6 +397,13 @@ def test_a_file_nested_too_deeply_for_the_yaml_reader_is_refused_not_a_traceback
         assert problem.line == 0 and "nests lists or mappings too deeply" in problem.message
 
 
+def test_a_tag_of_dots_alone_is_refused_since_its_page_would_be_another(tmp_path):
+    # /stats/tags/.. is /stats/ to a browser: every tag the bank takes must have its own page.
+    for tag in (".", "..", ".hidden"):
+        [problem] = problems_of(tmp_path, Edit().replace("tags: [", f"tags: ['{tag}', ", within=q(1)).text)
+        assert problem.field == "tags" and repr(tag) in problem.message, tag
+
+
 def test_the_harness_copy_itself_loads(tmp_path):
     (tmp_path / "fsdp.yaml").write_text(Edit().text, encoding="utf-8")
     assert [len(deck.questions) for deck in load_bank(tmp_path)] == [8]

@@ -83,6 +83,21 @@ def test_a_whole_daily_review_by_keyboard(page: Page, live_server: str, app):
     ]
 
 
+def test_a_second_grade_key_before_the_page_leaves_sends_nothing(page: Page, live_server: str, app):
+    page.goto(live_server + "/study")
+    prompt = page.locator("h1.prompt").inner_text()
+    page.keyboard.press(str(page.locator("ol.choices .choice-text").all_inner_texts().index(correct_text(app, prompt)) + 1))
+    press_and_wait(page, "Enter")
+    # Count the page's submits where they survive the navigation (capture: before any handler runs).
+    page.evaluate("window.addEventListener('submit', () => { sessionStorage.submits = (+sessionStorage.submits || 0) + 1 }, true)")
+    with page.expect_navigation():
+        page.keyboard.press("5")
+        page.keyboard.press("4")  # at once, while the first grade is on its way
+    assert page.evaluate("sessionStorage.submits") == "1"
+    with Session(get_engine(app)) as session:
+        assert [log.quality for log in session.exec(select(ReviewLog)).all()] == [5]
+
+
 def test_u_on_the_answer_page_undoes_the_review_before_it(page: Page, live_server: str, app):
     page.goto(live_server + "/study")
     expect(page.locator(".keys")).not_to_contain_text("undo")  # nothing to undo before the first grade

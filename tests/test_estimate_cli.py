@@ -90,9 +90,9 @@ def test_json_has_model_states_per_strategy(capsys):
     # Those are the paper's collectives; where the engine issues others the JSON says so, for the strategy.
     differs = {s: f["communication_per_step_pytorch"].get("engine_differs", "") for s, f in report["strategies"].items()}
     assert differs["ddp"] == ""  # DDP's one all-reduce is the paper's
-    assert "ZeroRedundancyOptimizer over DDP) all-reduces the gradients" in differs["zero1"]
+    assert "all-reduces the gradients through DDP (2Ψ) and then broadcasts" in differs["zero1"]
     assert "before its forward, not after the optimizer step" in differs["zero2"]
-    assert "does not re-gather the root unit" in differs["zero3"]
+    assert "backward all-gathers the blocks only" in differs["zero3"]
     assert all("`sharding-lab measure` and `compare`" in differs[s] for s in ("zero1", "zero2", "zero3"))
 
 
@@ -106,10 +106,10 @@ def test_pytorch_communication_table_is_the_papers_with_the_engines_differences_
     assert ("The ZeRO paper's communication per step in PyTorch's mixed-precision dtypes "
             "(bf16 gathers, fp32 reductions; derived)") in out
     assert "│ zero1 │ 480.8 kB │ 240.4 kB │" in out
-    assert "These are the paper's collectives, not all the engine's:" in out
-    assert ("(torch's ZeroRedundancyOptimizer over DDP) all-reduces the gradients and then broadcasts each "
-            "updated parameter from its owner") in out
-    assert "does not re-gather the root unit (embeddings and head) in backward" in out
+    assert "These are the paper's collectives, not all the engine's." in out
+    assert ("zero1: It all-reduces the gradients through DDP (2Ψ) and then broadcasts each updated parameter "
+            "from its owner (Ψ)") in out
+    assert "zero3: FSDP2 does not reshard the root after forward, so backward all-gathers the blocks only" in out
     assert "`sharding-lab measure` and `compare` give the engine's collectives, measured." in out
 
 

@@ -244,7 +244,10 @@ BAD_FILES = {
     "time-before-year-one-in-utc": ("csv", csv_edit("reviewed_at", "0001-01-01T00:00:00+14:00"), ":2:", "reviewed_at"),
     "next-due-day-past-year-9999": ("csv", csv_edit("study_day", "9999-12-31"), ":2:", "past the year 9999"),
     # A version past 2**31 - 1 would make the card unanswerable: every form refuses it.
-    "submission-id-past-a-billion": ("csv", csv_edit("submission_id", "card5-v99999999999"), ":2:", "below a billion"),
+    "submission-id-of-11-digits": ("csv", csv_edit("submission_id", "card5-v99999999999"), ":2:", "at most 2,000,000,000"),
+    "submission-id-past-two-billion": ("csv", csv_edit("submission_id", "card5-v2000000001"), ":2:", "at most 2,000,000,000"),
+    "submission-id-in-other-digits": ("csv", csv_edit("submission_id", "card٥-v١"), ":2:", "must look like card12-v3"),
+    "csv-header-past-the-csv-limit": ("csv", lambda t: "x" * 200_000 + "\n" + t, ":1:", "field larger than field limit"),
 }
 
 

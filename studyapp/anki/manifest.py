@@ -94,10 +94,10 @@ def read_manifest(path: Path) -> Manifest | None:
     if not path.is_file():
         return None
     try:
-        text = path.read_text(encoding="utf-8")
+        return Manifest.from_json(path.read_text(encoding="utf-8"))
     except OSError as error:  # e.g. no permission
         raise ExportFileError(path, f"cannot be read: {error.strerror}") from None
-    try:
-        return Manifest.from_json(text)
     except ValueError as error:  # not UTF-8, not JSON, or not a manifest's shape
         raise ExportFileError(path, f"is not a manifest this app wrote: {error}") from None
+    except RecursionError:  # JSON nested past Python's recursion limit
+        raise ExportFileError(path, "is not a manifest this app wrote: it nests too deeply to read") from None

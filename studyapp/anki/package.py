@@ -154,6 +154,8 @@ def read_lab_results(path: Path) -> dict[str, dict[str, Any]]:
         raise ExportFileError(path, f"cannot be read: {error.strerror}") from None
     except ValueError as error:  # not UTF-8, or not JSON
         raise ExportFileError(path, f"is not a lab results file: {error}") from None
+    except RecursionError:  # JSON nested past Python's recursion limit
+        raise ExportFileError(path, "is not a lab results file: it nests too deeply to read") from None
     if not isinstance(data, dict):
         raise ExportFileError(path, f"is not a lab results file: not an object by lab id but {json_excerpt(data)}")
     return {lab: result for lab, result in data.items() if isinstance(result, dict)}

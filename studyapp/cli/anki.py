@@ -117,7 +117,8 @@ def _export(decks: list[Deck], out_dir: Path, deck_id: str | None) -> None:
     from_db = stored_lab_results()
     # Stamps continue from the folder's own manifest, else from the committed one: a learner who
     # imported the committed decks must not see unchanged notes as newer.
-    previous = read_manifest(DEFAULT_EXPORTS_DIR / MANIFEST_FILE)
+    # (Read only when it is needed: a damaged committed manifest must not stop another folder's export.)
+    previous = None if (out_dir / MANIFEST_FILE).is_file() else read_manifest(DEFAULT_EXPORTS_DIR / MANIFEST_FILE)
     try:
         written = export_anki(decks, out_dir, choose(from_db, from_file), int(time.time()), deck_id, previous)
     except ValueError as error:  # no such deck

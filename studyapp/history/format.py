@@ -22,9 +22,11 @@ from studyapp.study import Schedule, schedule_after
 FORMAT_NAME = "studyapp-review-history"
 FORMAT_VERSION = 1
 MAX_PROBLEMS = 20  # enough to see the pattern of a broken file without flooding the terminal
-# Card ids and versions below a billion: a card keeps room for its next versions in every database's
-# INTEGER column (2**31 - 1), which the forms hold it to.
-SUBMISSION_ID = re.compile(r"card(\d{1,9})-v(\d{1,9})")
+# Card ids and versions up to MAX_IMPORTED_ID: a card keeps room for its next versions (an import moves a
+# card's past the highest imported; each grade adds one) in every database's INTEGER column (2**31 - 1),
+# which the forms hold it to.
+SUBMISSION_ID = re.compile(r"card([0-9]{1,10})-v([0-9]{1,10})")
+MAX_IMPORTED_ID = 2_000_000_000
 
 
 @dataclass(frozen=True)
@@ -177,7 +179,11 @@ class Record:
 
 def _records_from_csv(text: str, name: str, problems: list[str]) -> list[tuple[str, dict[str, Any]]]:
     reader = csv.reader(io.StringIO(text, newline=""))
-    header = next(reader, None)
+    try:
+        header = next(reader, None)
+    except csv.Error as error:  # a field past the csv module's limit, a NUL byte, ...
+        problems.append(f"{name}:1: not valid CSV: {error}")
+        return []
     if header is None:
         problems.append(f"{name}:1: the file is empty; expected a header line: {','.join(FIELD_NAMES)}")
         return []
@@ -274,9 +280,10 @@ def parse_history(text: str, name: str, fmt: str | None = None) -> list[Record]:
 def _record_problems(values: dict[str, Any]) -> list[str]:
     """What makes a well-typed row impossible for this app to have written."""
     problems = []
-    if not SUBMISSION_ID.fullmatch(values["submission_id"]):
-        problems.append("field 'submission_id': must look like card12-v3, a card id and a version below a billion, "
-                        f"got {values['submission_id']!r:.60}")
+    matched = SUBMISSION_ID.fullmatch(values["submission_id"])
+    if not matched or max(map(int, matched.groups())) > MAX_IMPORTED_ID:
+        problems.append(f"field 'submission_id': must look like card12-v3, a card id and a version of at most "
+                        f"{MAX_IMPORTED_ID:,}, got {values['submission_id']!r:.60}")
     if problem := sm2.misgraded(values["correct"], values["quality"]):
         problems.append(f"field 'quality': {problem}")
     if values["undone"] != (values["undone_at"] is not None):
