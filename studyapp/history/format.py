@@ -177,16 +177,27 @@ class Record:
     values: dict[str, Any]
 
 
-def _records_from_csv(text: str, name: str, problems: list[str]) -> list[tuple[str, dict[str, Any]]]:
+def _csv_rows(text: str, name: str, problems: list[str]) -> list[tuple[int, list[str]]] | None:
+    """Each row with the line it ends on; None, with the problem, when the csv module cannot read the file."""
     reader = csv.reader(io.StringIO(text, newline=""))
+    rows = []
     try:
-        header = next(reader, None)
+        for cells in reader:
+            rows.append((reader.line_num, cells))
     except csv.Error as error:  # a field past the csv module's limit, a NUL byte, ...
-        problems.append(f"{name}:1: not valid CSV: {error}")
+        problems.append(f"{name}:{reader.line_num}: not valid CSV: {error}")
+        return None
+    return rows
+
+
+def _records_from_csv(text: str, name: str, problems: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    rows = _csv_rows(text, name, problems)
+    if rows is None:
         return []
-    if header is None:
+    if not rows:
         problems.append(f"{name}:1: the file is empty; expected a header line: {','.join(FIELD_NAMES)}")
         return []
+    header = rows[0][1]
     missing = [f for f in FIELD_NAMES if f not in header]
     unknown = [f for f in header if f not in FIELD_NAMES]
     if len(missing) == len(FIELD_NAMES):
@@ -198,15 +209,8 @@ def _records_from_csv(text: str, name: str, problems: list[str]) -> list[tuple[s
                         + (f"; missing {', '.join(missing)}" if missing else "") + (f"; unknown {', '.join(unknown)}" if unknown else ""))
         return []
     records = []
-    while True:
-        try:
-            cells = next(reader, None)
-        except csv.Error as error:  # a field past the csv module's limit, a NUL byte, ...
-            problems.append(f"{name}:{reader.line_num}: not valid CSV: {error}")
-            return []
-        if cells is None:
-            break
-        where = f"{name}:{reader.line_num}"
+    for line, cells in rows[1:]:
+        where = f"{name}:{line}"
         if len(cells) != len(header):
             problems.append(f"{where}: expected {len(header)} fields, got {len(cells)}")
             continue
