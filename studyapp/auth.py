@@ -253,9 +253,8 @@ def _safe_next(target: str | None) -> str:
     """A local path to go on to after logging in; anything else (another site) is home. Control
     characters are refused too: browsers drop a tab or newline from a URL, so `/\t/evil.example` would
     go to `//evil.example`, and a newline cannot be sent in a Location header at all."""
-    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
-        return "/"
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in target):
+    local = target and target.startswith("/") and not target.startswith("//") and "\\" not in target
+    if not local or any(ord(c) < 0x20 or ord(c) == 0x7F for c in target):
         return "/"
     return target
 

@@ -10,12 +10,15 @@ type is stamped the same way.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from studyapp.anki.note_type import note_type_hash
 from studyapp.anki.render import NoteContent
+
+T = TypeVar("T")
 
 MANIFEST_FILE = "manifest.json"
 
@@ -60,6 +63,19 @@ class ExportFileError(Exception):
         self.path = path
 
 
+def read_export_file(path: Path, what: str, parse: Callable[[str], T]) -> T:
+    """`parse` of the file's text; ExportFileError naming the file when it cannot be read or parsed
+    (`parse` raises ValueError saying why; not UTF-8 and bad JSON are ValueErrors too)."""
+    try:
+        return parse(path.read_text(encoding="utf-8"))
+    except OSError as error:  # e.g. no permission
+        raise ExportFileError(path, f"cannot be read: {error.strerror}") from None
+    except ValueError as error:
+        raise ExportFileError(path, f"is not {what}: {error}") from None
+    except RecursionError:  # JSON nested past Python's recursion limit
+        raise ExportFileError(path, f"is not {what}: it nests too deeply to read") from None
+
+
 def json_excerpt(value: object) -> str:
     """`value` as JSON, cut to fit in an error line."""
     text = json.dumps(value)
@@ -93,11 +109,4 @@ def read_manifest(path: Path) -> Manifest | None:
     """The manifest in `path`; None when there is none yet. ExportFileError when it is not one."""
     if not path.is_file():
         return None
-    try:
-        return Manifest.from_json(path.read_text(encoding="utf-8"))
-    except OSError as error:  # e.g. no permission
-        raise ExportFileError(path, f"cannot be read: {error.strerror}") from None
-    except ValueError as error:  # not UTF-8, not JSON, or not a manifest's shape
-        raise ExportFileError(path, f"is not a manifest this app wrote: {error}") from None
-    except RecursionError:  # JSON nested past Python's recursion limit
-        raise ExportFileError(path, "is not a manifest this app wrote: it nests too deeply to read") from None
+    return read_export_file(path, "a manifest this app wrote", Manifest.from_json)

@@ -25,9 +25,9 @@ from sharding_lab import atomic_write
 from studyapp import REPO_ROOT
 from studyapp.anki.manifest import (
     MANIFEST_FILE,
-    ExportFileError,
     Manifest,
     json_excerpt,
+    read_export_file,
     read_manifest,
     restamp,
 )
@@ -147,17 +147,13 @@ def read_lab_results(path: Path) -> dict[str, dict[str, Any]]:
     ExportFileError when it is not JSON of an object; an entry that is not an object is left out."""
     if not path.is_file():
         return {}
-    try:
-        text = path.read_text(encoding="utf-8")
-        data = json.loads(text) if text.strip() else {}
-    except OSError as error:  # e.g. no permission
-        raise ExportFileError(path, f"cannot be read: {error.strerror}") from None
-    except ValueError as error:  # not UTF-8, or not JSON
-        raise ExportFileError(path, f"is not a lab results file: {error}") from None
-    except RecursionError:  # JSON nested past Python's recursion limit
-        raise ExportFileError(path, "is not a lab results file: it nests too deeply to read") from None
+    return read_export_file(path, "a lab results file", _lab_results_from_json)
+
+
+def _lab_results_from_json(text: str) -> dict[str, dict[str, Any]]:
+    data = json.loads(text) if text.strip() else {}
     if not isinstance(data, dict):
-        raise ExportFileError(path, f"is not a lab results file: not an object by lab id but {json_excerpt(data)}")
+        raise ValueError(f"not an object by lab id but {json_excerpt(data)}")
     return {lab: result for lab, result in data.items() if isinstance(result, dict)}
 
 
