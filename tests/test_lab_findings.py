@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, with_committed_lab_results
-from sqlmodel import Session
+from sqlmodel import Session, select
 
 from studyapp.db import get_engine
 from studyapp.lab_runs.findings import LabFinding, choose, measured_date, where_measured
@@ -123,3 +123,52 @@ def test_a_reference_file_that_is_not_lab_results_counts_as_none(app, client, cs
     shown = {name: re.search(rf'name="{name}" value="(\d+)"', study).group(1) for name in ("card_id", "version")}
     answered = client.post("/study/answer", data={"csrf_token": csrf_token, **shown, "choice": "1"})
     assert answered.status_code == 200 and "Run this lab →" in text(answered)
+
+
+ODD_FIELDS = [  # one field of a hand-edited entry with the wrong type, and words the pages must not show
+    ({"table": {"columns": ["run", "bytes"], "rows": 5}}, []),
+    ({"table": {"columns": ["run", "bytes"], "rows": [["zero3", 7], "a row that is a string", {"k": 1}]}}, []),
+    ({"table": "a table that is a string"}, ["a table that is a string"]),
+    ({"holds": "false"}, ["The claim held", "Measured: the claim held"]),
+    ({"finding": ["a", "list"]}, ["['a', 'list']"]),
+    ({"at_scale": {"7b": 1}}, ["{'7b': 1}"]),
+    ({"config": {"device": {"odd": 1}, "world_size": [2], "backend": "gloo"}}, ["{'odd': 1}", "[2] ranks"]),
+]
+
+
+@pytest.mark.parametrize(("odd", "never_shown"), ODD_FIELDS)
+def test_a_hand_edited_reference_entry_shows_what_it_can(app, client, odd, never_shown):
+    entry = {**REFERENCE["adam-optimizer-state"], **odd}
+    (Path(app.config["EXPORTS_DIR"]) / "lab-results.json").write_text(json.dumps({"adam-optimizer-state": entry}), encoding="utf-8")
+    for url in ("/labs", "/labs/adam-optimizer-state", "/questions/beta-adam"):
+        response = client.get(url)
+        assert response.status_code == 200, url
+        page = text(response)
+        assert not [words for words in never_shown if words in page], url
+    lab = text(client.get("/labs/adam-optimizer-state"))
+    assert "Committed reference" in lab
+    if "holds" in odd:  # only a JSON true holds
+        assert "The claim did NOT hold." in lab and "did NOT hold" in text(client.get("/labs"))
+    if "rows" in odd.get("table", {}):  # the rows that are lists stay, the others go
+        table = client.get("/labs/adam-optimizer-state").get_data(as_text=True)
+        rows = re.findall(r"<tr>(.*?)</tr>", table.split('class="lab-table"')[1].split("</table>")[0])
+        body = [re.findall(r"<td>(.*?)</td>", row) for row in rows[1:]]
+        assert body == ([["zero3", "7"]] if isinstance(odd["table"]["rows"], list) else [])
+    if "config" in odd:
+        assert "Committed reference, measured on gloo," in lab
+
+
+@pytest.mark.parametrize(("reasons", "listed"), [([1, "kept"], ["kept"]), ("a string", [])])
+def test_a_local_run_with_odd_fields_shows_what_it_can(app, client, reasons, listed):
+    local_run(app, "adam-optimizer-state", "measured here at 4 ranks")
+    with Session(get_engine(app)) as session:
+        run = session.exec(select(LabRun)).one()
+        run.result = {**run.result, "table": {"columns": ["a"], "rows": [[[1, 2]], [None], [True]]}, "reasons": reasons}
+        session.add(run)
+        session.commit()
+    page = client.get("/labs/adam-optimizer-state")
+    assert page.status_code == 200
+    latest = page.get_data(as_text=True).split('id="latest-result"')[1].split('id="reference-result"')[0]
+    assert re.findall(r"<td>(.*?)</td>", latest) == ["[1, 2]", "None", "True"]  # a list cell as its JSON text
+    assert re.findall(r"<li>(.*?)</li>", latest) == listed
+    assert "measured on cpu, 4 ranks, gloo, torch 2.13.0+cpu" in text(page)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import xml.etree.ElementTree as ElementTree
@@ -12,7 +13,7 @@ import pytest
 from sharding_lab import svg, units
 from sharding_lab.catalog import CATALOG
 from sharding_lab.labs import LABS, get_lab, summarize
-from sharding_lab.labs.base import Conditions
+from sharding_lab.labs.base import Conditions, Table
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -127,3 +128,13 @@ def test_human_bytes():
     assert units.human_bytes(1536) == "1.5 KiB"
     assert units.human_bytes(3 * 1024**3) == "3.0 GiB"
     assert units.human_bytes(None) == "-"
+
+
+def test_a_table_reads_back_from_its_json_and_refuses_what_is_not_one():
+    table = Table(("run", "bytes", "held"), (("zero3", 7, True), ("ddp", 1.5, None)))
+    assert Table.from_json(json.loads(json.dumps(table.to_dict()))) == table
+    assert Table.from_json({"columns": ["a"], "rows": [["x", [1, 2], {"k": 1}], "not a row", 5]}) == Table(
+        ("a",), (("x", "[1, 2]", '{"k": 1}'),))
+    for odd in (None, "table", [], {"columns": []}, {"columns": "a"}, {"rows": [[1]]}):
+        assert Table.from_json(odd) is None, odd
+    assert Table.from_json({"columns": ["a"], "rows": 5}) == Table(("a",), ())

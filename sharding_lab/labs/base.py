@@ -9,7 +9,8 @@ doctored measurements in tests.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
@@ -53,6 +54,21 @@ class Table:
 
     def to_dict(self) -> dict:
         return {"columns": list(self.columns), "rows": [list(row) for row in self.rows]}
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Table | None:
+        """`to_dict`'s JSON back, from a stored result that may be hand-edited: None unless there are
+        columns; a row that is not a list is left out, and a cell that is a list or an object becomes
+        its JSON text."""
+        if not isinstance(raw, Mapping) or not isinstance(raw.get("columns"), list) or not raw["columns"]:
+            return None
+        rows = raw.get("rows") if isinstance(raw.get("rows"), list) else []
+        return cls(tuple(_cell(c) for c in raw["columns"]),
+                   tuple(tuple(_cell(v) for v in row) for row in rows if isinstance(row, list)))
+
+
+def _cell(value: Any) -> object:
+    return value if value is None or isinstance(value, (str, int, float)) else json.dumps(value)
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,45 @@ from typing import Any
 
 from sqlmodel import Session
 
+from sharding_lab.labs.base import Table
 from studyapp.lab_runs.queue import aware, latest_done
 from studyapp.models import LabRun
 
 LAB_RESULTS_FILE = "lab-results.json"
+
+
+@dataclass(frozen=True)
+class ShownResult:
+    """A lab result as the pages show it, read field by field from its JSON (a local run's, or an
+    entry of lab-results.json, which may be hand-edited or older than today's fields): a field of the
+    wrong type is shown as absent, never as a 500 or as a verdict the file did not record."""
+
+    holds: bool  # only a JSON true holds; anything else reads "did NOT hold"
+    title: str
+    finding: str
+    at_scale: str
+    reasons: tuple[str, ...]
+    table: Table | None
+    where: tuple[str, ...]  # where_measured: device, GPU, ranks, backend, torch, CUDA
+    measured_at: datetime | None  # the result's own date, when it records one
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> ShownResult:
+        reasons = raw.get("reasons")
+        return cls(
+            holds=raw.get("holds") is True,
+            title=_text(raw.get("title")),
+            finding=_text(raw.get("finding")),
+            at_scale=_text(raw.get("at_scale")),
+            reasons=tuple(r for r in reasons if isinstance(r, str)) if isinstance(reasons, list) else (),
+            table=Table.from_json(raw.get("table")),
+            where=tuple(where_measured(raw)),
+            measured_at=measured_date(raw),
+        )
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
 
 
 @dataclass(frozen=True)
@@ -32,15 +67,21 @@ class LabFinding:
     reference: dict[str, Any] | None  # the committed result from lab-results.json
 
     @property
-    def result(self) -> dict[str, Any] | None:
-        """The result to show first: the local run's, else the reference."""
-        if self.local is not None and isinstance(self.local.result, dict):
-            return self.local.result
-        return self.reference
+    def is_reference(self) -> bool:
+        """True when no local run has a result, so the reference is what is shown."""
+        return self.reference is not None and not (self.local is not None and isinstance(self.local.result, dict))
 
     @property
-    def is_reference(self) -> bool:
-        return self.result is not None and self.result is self.reference
+    def result(self) -> dict[str, Any] | None:
+        """The result to show first: the local run's, else the reference."""
+        if self.is_reference:
+            return self.reference
+        return self.local.result if self.local is not None and isinstance(self.local.result, dict) else None
+
+    @property
+    def shown(self) -> ShownResult | None:
+        """`result`, typed for the pages."""
+        return ShownResult.parse(self.result) if self.result is not None else None
 
     @property
     def measured_at(self) -> datetime | None:
@@ -62,22 +103,17 @@ def measured_date(result: Mapping[str, Any] | None) -> datetime | None:
 
 def where_measured(result: Mapping[str, Any] | None) -> list[str]:
     """device (and its GPU), ranks, backend, torch and CUDA versions of a result, as short phrases;
-    what the result does not record is left out."""
+    what the result does not record, or records as something other than a name or a number, is left out."""
     config = (result or {}).get("config")
     if not isinstance(config, Mapping):
         return []
-    where = [str(config["device"])] if config.get("device") else []
-    if config.get("gpu_name"):
-        where.append(str(config["gpu_name"]))
-    if config.get("world_size") is not None:
-        where.append(f"{config['world_size']} ranks")
-    if config.get("backend"):
-        where.append(str(config["backend"]))
-    if config.get("torch_version"):
-        where.append(f"torch {config['torch_version']}")
-    if config.get("cuda_version"):
-        where.append(f"CUDA {config['cuda_version']}")
-    return where
+    phrases = (("device", "{}"), ("gpu_name", "{}"), ("world_size", "{} ranks"), ("backend", "{}"),
+               ("torch_version", "torch {}"), ("cuda_version", "CUDA {}"))
+    return [label.format(config[key]) for key, label in phrases if _is_named(config.get(key))]
+
+
+def _is_named(value: Any) -> bool:
+    return (isinstance(value, str) and value != "") or (type(value) is int)
 
 
 def choose(local: Mapping[str, dict[str, Any] | None], reference: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -30,7 +30,7 @@ from studyapp.csrf import FORM_FIELD
 from studyapp.db import get_engine, get_session
 from studyapp.lab_runs import RunStatus, enqueue, notify_queued, world_sizes
 from studyapp.lab_runs.devices import detection
-from studyapp.lab_runs.findings import LabFinding, lab_findings, measured_date, where_measured
+from studyapp.lab_runs.findings import LabFinding, ShownResult, lab_findings
 from studyapp.lab_runs.queue import ACTIVE, active_runs, aware, expected_seconds, queue_position, utcnow
 from studyapp.models import Card, LabRun
 from studyapp.safe_svg import safe_charts
@@ -60,7 +60,7 @@ def card_lab(lab_id: str) -> dict[str, Any]:
     """What labs/_card_lab.html shows for a card's lab: the lab (None if not catalogued) and its
     finding (the latest local run, else the reference; None when neither exists)."""
     lab = lab_info(lab_id)
-    return {"lab": lab, "finding": findings(lab_id).get(lab_id) if lab else None, "where_measured": where_measured}
+    return {"lab": lab, "finding": findings(lab_id).get(lab_id) if lab else None}
 
 
 @bp.get("")
@@ -116,15 +116,13 @@ def _results(lab_id: str) -> dict[str, Any]:
     ).all()
     finding = findings(lab_id).get(lab_id)
     latest = finding.local if finding and not finding.is_reference else None
-    result = latest.result if latest is not None else None
+    result = finding.result if latest is not None else None
     return {
         "latest": latest,
-        "result": result,
-        "reference": finding.reference if finding else None,
-        "reference_measured_at": measured_date(finding.reference) if finding else None,
+        "result": ShownResult.parse(result) if result is not None else None,
+        "reference": ShownResult.parse(finding.reference) if finding and finding.reference is not None else None,
         "charts": safe_charts(result.get("charts")) if result else [],
         "runs": runs,
-        "where_measured": where_measured,
     }
 
 
