@@ -334,6 +334,10 @@ def test_lab_result_says_whether_the_claim_held_and_where_it_was_measured():
         '<p class="mc-lab-where">Measured on cuda, world sizes 2, 4, torch 2.13.0+cu128, debugmodel model, strategies zero2, zero3.</p>'
     )
     assert render_lab_result({"finding": "no config"}) == '<p class="mc-lab-finding">no config</p>'
+    on_gpu = {"holds": True, "finding": "f", "config": {"device": "cuda", "gpu_name": "NVIDIA H200", "world_size": 2,
+                                                        "backend": "nccl", "torch_version": "2.11.0+cu130", "cuda_version": "13.0"}}
+    assert render_lab_result(on_gpu).endswith(
+        '<p class="mc-lab-where">Measured on cuda (NVIDIA H200), world size 2, nccl backend, torch 2.11.0+cu130, CUDA 13.0.</p>')
 
 
 # --- Stamps ---------------------------------------------------------------------------------

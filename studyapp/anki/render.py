@@ -48,7 +48,7 @@ def escape_text(value: str) -> str:
 
 def render_lab_result(result: LabResult | None) -> str:
     """The back's lab finding: whether the claim held, the finding with its numbers, and where
-    it was measured (device, world size, backend, torch version)."""
+    it was measured (device and GPU, world size, backend, torch and CUDA versions, model size)."""
     if not result:
         return (
             '<p class="mc-lab-pending">Not run yet: run the command above (or "Run this lab" '
@@ -62,12 +62,14 @@ def render_lab_result(result: LabResult | None) -> str:
     config = result.get("config")
     if isinstance(config, Mapping):
         where = [str(config["device"])] if config.get("device") else []
+        if where and config.get("gpu_name"):  # a GPU run names its GPU, as the app's pages do
+            where[0] += f" ({config['gpu_name']})"
         sizes = config.get("world_sizes")
         if isinstance(sizes, list) and len(sizes) > 1:
             where.append("world sizes " + ", ".join(str(size) for size in sizes))
         elif config.get("world_size") is not None:
             where.append(f"world size {config['world_size']}")
-        labels = (("backend", "{} backend"), ("torch_version", "torch {}"), ("size", "{} model"))
+        labels = (("backend", "{} backend"), ("torch_version", "torch {}"), ("cuda_version", "CUDA {}"), ("size", "{} model"))
         where += [label.format(config[key]) for key, label in labels if config.get(key) not in (None, "")]
         strategies = config.get("strategies")
         if isinstance(strategies, list) and len(strategies) > 1:
