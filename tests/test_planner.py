@@ -3,11 +3,13 @@ and (slow) the analytic peak held to the FSDP2 simulation."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 import pytest
 from sharding_measurements import WIDE_TIED
 
+from sharding_lab import planner
 from sharding_lab.deepspeed_formula import (
     deepspeed_estimate,
     estimate_zero2_model_states_mem_needs,
@@ -15,6 +17,7 @@ from sharding_lab.deepspeed_formula import (
 )
 from sharding_lab.model_config import SIZES, GPTConfig
 from sharding_lab.planner import (
+    BOUNDS,
     Category,
     Mesh,
     ModelShape,
@@ -176,6 +179,57 @@ def test_the_largest_micro_batch_fits_and_one_more_does_not(case):
     best = largest_micro_batch(request)
     fits = lambda b: analytic_peak(request, b).total <= request.usable_bytes  # noqa: E731
     assert best >= 1 and fits(best) and not fits(best + 1)
+
+
+def _bisected_largest(request: PlanRequest) -> int:
+    """The reference: plain bisection over every micro-batch the planner may answer."""
+    fits = lambda b: analytic_peak(request, b).total <= request.usable_bytes  # noqa: E731
+    if not fits(1):
+        return 0
+    low, high = 1, BOUNDS.micro_batch + 1
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
+
+
+def _random_requests(count: int) -> list[PlanRequest]:
+    rng = random.Random(20261204)
+    requests = []
+    while len(requests) < count:
+        heads = rng.choice([1, 2, 4])
+        model = ModelShape(rng.randint(1, 6), heads * rng.choice([8, 16, 48]), heads, rng.choice([1, 50, 4096]), 64)
+        strategy = rng.choice(list(Strategy))
+        replicas = 2 if strategy.fully_sharded and rng.random() < 0.3 else 1
+        try:
+            requests.append(PlanRequest(
+                model, Mesh.parse(f"{replicas}x{rng.choice([1, 2, 8, 1024])}"), rng.choice([1e-4, 1e-3, 0.05, 2.0, 1e3]),
+                seq=rng.randint(1, 64), strategy=strategy, mixed_precision=rng.random() < 0.5,
+                activation_checkpointing=rng.random() < 0.5, cpu_offload=strategy.fully_sharded and rng.random() < 0.2,
+                grad_accum_steps=rng.choice([1, 1, 4]), headroom=rng.choice([0.0, 0.1, 0.5])))
+        except ValueError:
+            continue  # a combination the planner refuses
+    return requests
+
+
+@pytest.mark.parametrize("request_", _random_requests(60), ids=lambda r: f"{r.strategy}-{r.model.layers}L-{r.mesh}")
+def test_the_largest_micro_batch_search_agrees_with_plain_bisection(request_):
+    assert largest_micro_batch(request_) == _bisected_largest(request_)
+
+
+def test_the_search_needs_few_evaluations_where_the_peak_bends(monkeypatch):
+    # At micro-batch 1 this peak is set by a moment that barely grows with the batch (64 B from 1 to 2);
+    # far larger batches are set by the activations. Extrapolating from 1 and 2 overshot to the bound,
+    # and the search then took 38-42 walks of 1,024 layers (seconds, for one GET of the plan page).
+    request = PlanRequest(ModelShape(1024, 768, 12, 1 << 20, 1 << 20), Mesh.of(131_072), 10_000, seq=4,
+                          strategy=Strategy.ZERO3, headroom=0.0, activation_checkpointing=True, grad_accum_steps=4096)
+    walks = []
+    counted = planner.peak
+    monkeypatch.setattr(planner, "peak", lambda shape: walks.append(shape.micro_batch) or counted(shape))
+    best = largest_micro_batch(request)
+    assert len(walks) <= 10, walks
+    monkeypatch.undo()
+    assert analytic_peak(request, best).total <= request.usable_bytes < analytic_peak(request, best + 1).total
 
 
 def test_fits_states_its_headroom():
