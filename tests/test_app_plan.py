@@ -195,6 +195,7 @@ def test_defaults_fill_what_the_url_leaves_out_and_flags_off_mean_off(client):
         ({"gpu_memory_gb": "nan"}, "gpu_memory_gb", "GPU memory (GB) must be a number"),
         ({"gpu_memory_gb": "٨٠"}, "gpu_memory_gb", "GPU memory (GB) must be a number"),  # as gpus=٨ is refused
         ({"headroom": "100"}, "headroom", "Headroom (%) must be from 0 to 99"),
+        ({"headroom": "99.0000001"}, "headroom", "from 0 to 99, got 99.0000001."),  # not "got 99"
         ({"layers": "12.5", "size": "custom"}, "layers", "Layers must be a whole number"),
         ({"gpus": ""}, "gpus", "GPUs is required"),
         ({"strategy": "ddp", "cpu_offload": "on"}, "cpu_offload", "CPU offload is FSDP2&#39;s (zero2, zero3): ddp"),
@@ -204,6 +205,7 @@ def test_defaults_fill_what_the_url_leaves_out_and_flags_off_mean_off(client):
         ({"strategy": "fsdp9"}, "strategy", "Your strategy must be one of ddp, zero1, zero2, zero3"),
         ({"tied": "maybe"}, "tied", "is a checkbox"),
         ({"vocab": "9" * 40, "size": "custom"}, "vocab", "Vocabulary must be a whole number"),
+        ({"mesh": "1000x1000"}, "mesh", "HSDP mesh 1000x1000 is 1,000,000 GPUs, but GPUs is 8"),  # separators
     ],
 )
 def test_bad_input_is_a_400_that_names_the_field(client, query, field, phrase):
@@ -217,6 +219,31 @@ def test_bad_input_is_a_400_that_names_the_field(client, query, field, phrase):
     assert 'id="memory-table"' not in text  # no answer for a wrong question
     partial = client.get("/plan/results?" + urlencode({**GPT2, **query}))
     assert partial.status_code == 400 and phrase in partial.get_data(as_text=True)
+
+
+def test_a_decimal_gpu_memory_is_planned_as_typed_not_rounded_to_six_digits(client):
+    # 2.0160642 GB less 10% is 2,016,064,200 x 9 // 10 bytes usable, just above gpt2-small zero3's peak here;
+    # rounded to 2.01606 GB it would be 1,814,454,000 and the verdict would flip.
+    usable = 2_016_064_200 * 9 // 10
+    status, text = page(client, {**GPT2, "gpu_memory_gb": "2.0160642"})
+    assert status == 200
+    assert input_value(text, "gpu_memory_gb") == "2.0160642"
+    verdict = re.search(r'id="verdict">(.*?)</p>', text, re.S).group(1)
+    peak, shown_usable = (int(v) for v in re.findall(r'<data value="(\d+)"', verdict))
+    assert shown_usable == usable and peak <= usable
+    assert "zero3: fits." in verdict and "(2.0160642 GB less 10% headroom)" in verdict
+    assert "against 2.0160642 GB per GPU" in text  # the chart's title
+    assert input_value(page(client, {**GPT2, "headroom": "-0"})[1], "headroom") == "0"
+
+
+def test_a_field_given_twice_differently_is_a_400_naming_it(client):
+    status, text = page(client, urlencode(GPT2) + "&gpus=16")
+    assert status == 400
+    error = re.search(r'<span class="field-error" id="gpus-error">(.*?)</span>', text, re.S).group(1)
+    assert html.unescape(error) == "GPUs is given 2 different ways ('8', '16'): give it once."
+    status, text = page(client, urlencode({**GPT2, "gpus": "", "mesh": "2x8"}) + "&gpus=16")
+    assert status == 400 and 'id="gpus-error"' in text  # the mesh filling an empty GPUs does not hide it
+    assert page(client, urlencode(GPT2) + "&gpus=8")[0] == 200  # the same value twice is one question
 
 
 def test_the_chart_stacks_each_strategy_against_the_gpu_lines_and_is_a_plain_chart():

@@ -136,7 +136,9 @@ def _number(f: Field, raw: str, errors: dict[str, str]) -> str:
         if not math.isfinite(value):
             errors[f.name] = f"{f.label} must be a number, got {text[:40]!r}."
             return text[:40]
-        canonical = f"{value:g}"
+        value += 0.0  # -0 reads as 0
+        # Exact: the request is built from this text, so 6 digits (":g" alone) would plan another GPU.
+        canonical = f"{value:g}" if float(f"{value:g}") == value else repr(value)
     if f.positive and not value > 0:
         errors[f.name] = f"{f.label} must be positive, got {canonical}."
     elif not f.minimum <= value <= f.maximum:
@@ -179,6 +181,11 @@ def read_inputs(source: MultiDict) -> Inputs:
             values[f.name] = _number(f, raw, errors)
     inputs = Inputs(values, errors)
     _check_together(inputs)
+    for f in FIELDS.values():  # after the joint rules, which may drop a GPUs error the mesh settles
+        given = list(dict.fromkeys(source.getlist(f.name)))
+        if len(given) > 1:  # a hand-edited URL: which one was meant is not ours to guess
+            shown = ", ".join(repr(text[:40]) for text in given[:3])
+            errors[f.name] = f"{f.label} is given {len(given)} different ways ({shown}): give it once."
     inputs.errors = {name: errors[name] for name in [*FIELDS, "request"] if name in errors}  # in the form's order
     if not inputs.errors:
         inputs.request = _request(inputs)
@@ -218,7 +225,7 @@ def _check_together(inputs: Inputs) -> None:
             v["gpus"] = str(mesh_gpus)
     gpus = number("gpus")
     if mesh_gpus and "mesh" not in errors and gpus and mesh_gpus != gpus:
-        errors["mesh"] = (f"HSDP mesh {v['mesh']} is {mesh_gpus} GPUs, but GPUs is {gpus}: "
+        errors["mesh"] = (f"HSDP mesh {v['mesh']} is {mesh_gpus:,} GPUs, but GPUs is {gpus:,}: "
                           "replicas x shards must make up the GPUs.")
     seq, seq_len = number("seq"), number("seq_len")
     if seq and seq_len and seq > seq_len:
@@ -326,7 +333,7 @@ def answer(inputs: Inputs) -> dict[str, Any]:
         for name, by_category in simulated.items() if name in analytic
     }
     methods = "analytic and simulated" if any(bar.method == "simulated" for bar in bars) else "analytic"
-    title = f"Per-GPU peak memory by strategy ({methods}) against {request.gpu_memory_gb:g} GB per GPU"
+    title = f"Per-GPU peak memory by strategy ({methods}) against {inputs.values['gpu_memory_gb']} GB per GPU"
     chosen = next(c for c in columns if c.strategy is request.strategy)
     left_out: dict[str, list[str]] = {}  # each caveat once, with the strategies it applies to
     for column in columns:
