@@ -18,8 +18,8 @@ from typing import Any
 
 from flask import Flask, current_app, g
 from sqlalchemy import event
-from sqlalchemy.engine import Connection, Dialect, Engine
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.engine import Connection, Dialect, Engine, make_url
+from sqlalchemy.exc import DBAPIError, NoSuchModuleError
 from sqlalchemy.sql import Executable
 from sqlmodel import Session, create_engine
 
@@ -46,16 +46,28 @@ def _switch_to_wal(cursor, deadline: float) -> None:
             time.sleep(0.01)
 
 
+def _create_engine(url: str, **options: Any) -> Engine:
+    """create_engine, with a driver that is not installed said as the URL's problem (cli.errors
+    prints an ArgumentError in one line; an ImportError would be a traceback)."""
+    try:
+        return create_engine(url, **options)
+    except ImportError as error:
+        raise NoSuchModuleError(f"its driver is not installed ({error})") from error
+
+
 def make_engine(url: str) -> Engine:
     """An engine for `url`; SQLite gets the settings a threaded web server needs."""
-    if not url.startswith("sqlite"):
-        return create_engine(url, pool_pre_ping=True)
-    in_memory = ":memory:" in url or url == "sqlite://"  # one connection per thread: no queue to order
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return _create_engine(url, pool_pre_ping=True)
+    # As SQLAlchemy tells memory from a file (sqlite+pysqlite:// is in memory too): one connection
+    # per thread, no queue to order.
+    in_memory = parsed.database in (None, "", ":memory:")
     # LIFO: a request gets the connection returned last. SQLite drops a connection's page cache when
     # another connection has written since its last read, so after a burst of concurrent requests a
     # FIFO pool hands each request a cold one (a grade's statements measured ~25% slower).
-    engine = create_engine(url, **({} if in_memory else {"pool_use_lifo": True}),
-                           connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S})
+    engine = _create_engine(url, **({} if in_memory else {"pool_use_lifo": True}),
+                            connect_args={"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S})
 
     @event.listens_for(engine, "connect")
     def _sqlite_pragmas(dbapi_connection, _record) -> None:
@@ -64,7 +76,14 @@ def make_engine(url: str) -> Engine:
         if not in_memory:
             # WAL: readers never block the writer; NORMAL: a committed review survives a
             # killed process (only a power cut can lose the last commits).
-            _switch_to_wal(cursor, deadline=time.monotonic() + SQLITE_BUSY_TIMEOUT_S)
+            try:
+                _switch_to_wal(cursor, deadline=time.monotonic() + SQLITE_BUSY_TIMEOUT_S)
+            except sqlite3.DatabaseError as error:
+                if getattr(error, "sqlite_errorname", None) != "SQLITE_NOTADB":
+                    raise
+                # The URL names a file that is no SQLite database: a wrong path, as one SQLite cannot
+                # open is, so the same OperationalError (one line on the command line, not a traceback).
+                raise sqlite3.OperationalError(str(error)) from error
             cursor.execute("PRAGMA synchronous = NORMAL")
             # Checkpoints fsync; every 10,000 pages (~40 MB of WAL) instead of 1,000 spreads
             # that cost over ten times more reviews.

@@ -21,6 +21,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
 from flask import current_app
 from flask.cli import AppGroup
 from sqlalchemy import inspect, text
@@ -33,8 +34,9 @@ log = logging.getLogger(__name__)
 _PG_LOCK_KEY = 7_210_531  # any constant: serialises migrations of app processes starting together
 
 
-class SchemaError(RuntimeError):
-    """The database's tables are in a state no revision describes."""
+class SchemaError(CommandError):
+    """The database's tables are in a state no revision describes: a migration refused, as alembic's
+    own CommandError is (so the command line says it in one line)."""
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
@@ -52,6 +54,14 @@ def _scripts() -> ScriptDirectory:
 
 def head_revision() -> str:
     return _scripts().get_current_head()
+
+
+def _known(revision: str) -> bool:
+    try:
+        _scripts().get_revision(revision)
+    except CommandError:
+        return False
+    return True
 
 
 def current_revision(engine: Engine) -> str | None:
@@ -104,6 +114,9 @@ def upgrade(engine: Engine, revision: str = "head") -> str | None:
     with engine.connect() as connection, _one_migrator(connection):
         adopted = _adopt_unversioned(connection)
         before = MigrationContext.configure(connection).get_current_revision()
+        if before is not None and not _known(before):
+            raise SchemaError(f"the database is at revision {before}, which this version of the app does not have "
+                              f"(its newest is {head_revision()}): it was made by a newer version; use that one")
         command.upgrade(alembic_config(connection), revision)
         connection.commit()
         after = MigrationContext.configure(connection).get_current_revision()

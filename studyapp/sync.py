@@ -11,12 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sqlalchemy import text
 from sqlalchemy.engine import Engine
 from sqlmodel import Session, select
 
 from studyapp.bank import Deck as BankDeck
 from studyapp.bank import Question, load_bank
 from studyapp.models import Card, Deck
+
+_PG_LOCK_KEY = 7_210_532  # any constant (migrate's is ...531): one sync at a time
 
 
 @dataclass
@@ -59,7 +62,8 @@ def sync_decks(session: Session, bank: list[BankDeck]) -> SyncReport:
     """Make the database match `bank` (already validated) in one transaction."""
     report = SyncReport(decks=len(bank))
     decks = {deck.id: deck for deck in session.exec(select(Deck)).all()}
-    cards = {card.question_id: card for card in session.exec(select(Card)).all()}
+    # FOR UPDATE (PostgreSQL): a grade waits, so the version bumped below is the card's newest.
+    cards = {card.question_id: card for card in session.exec(select(Card).with_for_update()).all()}
     in_bank: set[str] = set()
     position = 0
 
@@ -114,4 +118,17 @@ def sync_bank(engine: Engine, path: str | Path | None = None) -> SyncReport:
     """Load the bank at `path` (default bank/) and sync it. Raises BankError before any write."""
     bank = load_bank(path)
     with Session(engine) as session:
+        _lock_for_sync(session)
         return sync_decks(session, bank)
+
+
+def _lock_for_sync(session: Session) -> None:
+    """Take the write lock before reading: a sync writes what it read, so another sync (two processes
+    starting on a new database: both would insert the same decks) or a grade must not write in between.
+    SQLite: BEGIN IMMEDIATE (pysqlite would begin only at the first write); PostgreSQL: an advisory
+    lock to the commit (row locks cannot stop two inserts of the same new deck)."""
+    connection = session.connection()
+    if connection.dialect.name == "sqlite":
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+    elif connection.dialect.name == "postgresql":
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_LOCK_KEY})

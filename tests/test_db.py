@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sqlite3
 import threading
 import time
+from pathlib import Path
 
 import pytest
-from sqlalchemy.exc import IntegrityError
+from click.testing import CliRunner
+from sqlalchemy.exc import ArgumentError, IntegrityError, OperationalError
 
-from studyapp.db import DriverConnection, _switch_to_wal, driver_transaction, make_engine
+from studyapp.cli import main
+from studyapp.db import DriverConnection, _switch_to_wal, driver_transaction, make_engine, upgrade_schema
 
 
 def test_the_switch_to_wal_waits_out_a_lock_held_by_another_connection(tmp_path):
@@ -111,3 +115,65 @@ def test_a_failed_commit_is_sqlalchemys_error_and_stores_nothing(tmp_path):
         connection.connection.cursor().execute("INSERT INTO parent (id) VALUES (2)")
     assert _rows(engine, "parent") == [(2,)]
     engine.dispose()
+
+
+@pytest.mark.parametrize("url", ["sqlite+pysqlite://", "sqlite+pysqlite:///:memory:"])
+def test_an_in_memory_url_in_any_spelling_makes_an_engine(url):
+    """SQLAlchemy keeps these in memory too, one connection per thread: no queue options for them."""
+    engine = make_engine(url)
+    with engine.begin() as connection:
+        connection.exec_driver_sql("CREATE TABLE kept (id INTEGER PRIMARY KEY)")
+    with engine.connect() as connection:  # the same thread's one connection: the table is there
+        assert connection.exec_driver_sql("SELECT count(*) FROM kept").scalar_one() == 0
+    engine.dispose()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("MySQLdb") is not None, reason="MySQLdb is installed here")
+def test_a_url_whose_driver_is_not_installed_is_refused_as_the_urls_problem():
+    with pytest.raises(ArgumentError, match=r"driver is not installed \(No module named 'MySQLdb'\)"):
+        make_engine("mysql+mysqldb://user@localhost/study")
+
+
+def test_a_url_naming_a_file_that_is_not_a_database_is_an_operational_error(tmp_path):
+    """What a wrong path is (cli.errors says it in one line), and the file is left as it was."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a database\n" * 100, encoding="utf-8")
+    engine = make_engine(f"sqlite:///{notes}")
+    with pytest.raises(OperationalError, match="file is not a database"), engine.connect():
+        pass
+    assert notes.read_text(encoding="utf-8") == "not a database\n" * 100
+    engine.dispose()
+
+
+def _partial_schema(path) -> None:
+    """A database with the app's deck table and nothing else, as an interrupted copy might leave one."""
+    with sqlite3.connect(path) as connection:
+        connection.execute("CREATE TABLE deck (id VARCHAR NOT NULL PRIMARY KEY)")
+    connection.close()
+
+
+def _newer_schema(path) -> None:
+    """A database a newer version of the app migrated, to a revision this one does not have."""
+    engine = make_engine(f"sqlite:///{path}")
+    upgrade_schema(engine)
+    with engine.begin() as connection:
+        connection.exec_driver_sql("UPDATE alembic_version SET version_num = '9001'")
+    engine.dispose()
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda path: path.write_text("notes\n", encoding="utf-8"),
+     "Error: cannot use the database at sqlite:///{path}: file is not a database"),
+    (_partial_schema, "Error: db: the database has some of the app's tables (deck) but not card, labrun, reviewlog, "
+                      "and no migration history: restore it from a backup"),
+    (_newer_schema, "Error: db: the database is at revision 9001, which this version of the app does not have "
+                    "(its newest is 0003): it was made by a newer version; use that one"),
+])
+def test_bank_sync_on_a_database_it_cannot_use_is_one_line(tmp_path, make, says):
+    path = tmp_path / "study.sqlite3"
+    make(path)
+    bank = Path(__file__).resolve().parent.parent / "bank"
+    result = CliRunner().invoke(main, ["bank", "sync", "--path", str(bank)],
+                                env={"STUDYAPP_DATABASE_URL": f"sqlite:///{path}"})
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit), result.exception
+    assert result.output.strip() == says.format(path=path)

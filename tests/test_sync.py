@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import re
+import threading
+from collections.abc import Callable
 
 import pytest
 from conftest import ALPHA_DECK, BETA_DECK, T0, write_bank
+from sqlalchemy import event
 from sqlmodel import Session, select
 
 from studyapp.bank import BankError
 from studyapp.db import get_engine
 from studyapp.models import Card, Deck, ReviewLog
-from studyapp.study import StudySettings, grade
-from studyapp.sync import sync_bank
+from studyapp.study import ReviewConflict, StudySettings, grade
+from studyapp.sync import SyncReport, sync_bank
 
 SETTINGS = StudySettings(timezone="UTC")
 
@@ -113,3 +116,64 @@ def test_a_reordered_bank_moves_cards_without_staling_an_open_answer(app, bank_d
         result = grade(session, card_id=open_form.id, version=open_form.version, choice=open_form.answer, quality=5,
                        now=T0, settings=SETTINGS)
     assert not result.duplicate and result.log.card_id == open_form.id
+
+
+GAMMA_DECK = BETA_DECK.replace("id: beta", "id: gamma").replace("Beta deck", "Gamma deck")
+
+
+def run_between_read_and_write(sync: Callable[[], SyncReport], meanwhile: Callable[[], object]) -> tuple[SyncReport, list]:
+    """`sync()`, with `meanwhile()` started in another thread once the sync has read the database and before
+    it writes (its first flush); waits a moment for it, then lets the sync go on. Returns the sync's report
+    and what `meanwhile` returned or raised."""
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            outcome.append(meanwhile())
+        except Exception as error:  # noqa: BLE001 - the test inspects it
+            outcome.append(error)
+
+    thread = threading.Thread(target=run)
+    event.listen(Session, "before_flush", lambda *_: (thread.start(), thread.join(timeout=1)), once=True)
+    try:
+        report = sync()
+    finally:
+        thread.join(timeout=60)
+    return report, outcome
+
+
+def test_two_syncs_at_once_each_succeed_and_add_a_new_deck_once(app, bank_dir):
+    """Two processes starting together (serve, bank sync) must not both insert the new deck."""
+    write_bank(bank_dir, {"alpha": ALPHA_DECK, "beta": BETA_DECK, "gamma": GAMMA_DECK.replace("beta-", "gamma-")})
+    engine = get_engine(app)
+    first, (second,) = run_between_read_and_write(lambda: sync_bank(engine, bank_dir), lambda: sync_bank(engine, bank_dir))
+    assert not isinstance(second, Exception), second
+    assert sorted([*first.added, *second.added]) == ["gamma-adam", "gamma-stage3"]
+    assert first.unchanged + second.unchanged == 5 + 7  # the 5 old cards, then all 7 on the later sync
+    with Session(engine) as session:
+        assert sorted(c.question_id for c in session.exec(select(Card))) == sorted(
+            ["alpha-shards", "alpha-gather", "alpha-free", "beta-adam", "beta-stage3", "gamma-adam", "gamma-stage3"])
+
+
+def test_a_grade_during_a_sync_is_not_applied_to_the_edited_text_under_a_stale_version(app, bank_dir):
+    """A learner answers the old text while a sync edits it: either the grade is refused, or the
+    edit bumps the version past the grade's, so every change shows in the version."""
+    engine = get_engine(app)
+    with Session(engine) as session:
+        shown = session.exec(select(Card).where(Card.question_id == "alpha-gather")).one()
+    write_bank(bank_dir, {"alpha": ALPHA_DECK.replace("rebuilds a layer's full weights", "reassembles a layer's weights"),
+                          "beta": BETA_DECK})
+
+    def answer_the_old_text():
+        with Session(engine) as session:
+            return grade(session, card_id=shown.id, version=shown.version, choice=shown.answer, quality=5,
+                         now=T0, settings=SETTINGS)
+
+    report, (graded,) = run_between_read_and_write(lambda: sync_bank(engine, bank_dir), answer_the_old_text)
+    assert report.updated == ["alpha-gather"]
+    with Session(engine) as session:
+        card = session.get(Card, shown.id)
+        logs = session.exec(select(ReviewLog).where(ReviewLog.card_id == shown.id)).all()
+    grades_applied = 0 if isinstance(graded, ReviewConflict) else 1
+    assert len(logs) == grades_applied
+    assert card.version == shown.version + 1 + grades_applied  # the sync's bump and the grade's, if any
