@@ -58,12 +58,24 @@ def _copy_content(card: Card, question: Question, position: int) -> None:
     card.content_hash = question.content_hash()
 
 
-def sync_decks(session: Session, bank: list[BankDeck]) -> SyncReport:
-    """Make the database match `bank` (already validated) in one transaction."""
+class SyncRefused(Exception):
+    """A sync that would retire decks its bank does not hold, from a path that is one file: said before
+    anything is written."""
+
+
+def sync_decks(session: Session, bank: list[BankDeck], *, whole_bank: bool = True) -> SyncReport:
+    """Make the database match `bank` (already validated) in one transaction. Unless `bank` is the
+    whole bank (a folder's decks), it may not retire a deck: SyncRefused, naming them, before any write."""
     report = SyncReport(decks=len(bank))
     decks = {deck.id: deck for deck in session.exec(select(Deck)).all()}
     # FOR UPDATE (PostgreSQL): a grade waits, so the version bumped below is the card's newest.
     cards = {card.question_id: card for card in session.exec(select(Card).with_for_update()).all()}
+    dropped = sorted(d.id for d in decks.values() if not d.retired and d.id not in {deck.id for deck in bank})
+    if dropped and not whole_bank:
+        count = sum(1 for card in cards.values() if card.deck_id in dropped and not card.retired)
+        raise SyncRefused(f"this bank is one file, and a sync makes the database match its bank: it would retire "
+                          f"the decks the file does not hold ({', '.join(dropped)}) and their {count} cards. "
+                          "Sync the bank's folder instead (its edits to this deck are synced with it).")
     in_bank: set[str] = set()
     position = 0
 
@@ -115,11 +127,12 @@ def sync_decks(session: Session, bank: list[BankDeck]) -> SyncReport:
 
 
 def sync_bank(engine: Engine, path: str | Path | None = None) -> SyncReport:
-    """Load the bank at `path` (default bank/) and sync it. Raises BankError before any write."""
+    """Load the bank at `path` (default bank/; a folder, or one deck file) and sync it. Raises BankError
+    or SyncRefused before any write."""
     bank = load_bank(path)
     with Session(engine) as session:
         _lock_for_sync(session)
-        return sync_decks(session, bank)
+        return sync_decks(session, bank, whole_bank=path is None or Path(path).is_dir())
 
 
 def _lock_for_sync(session: Session) -> None:

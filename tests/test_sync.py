@@ -88,6 +88,20 @@ def test_a_removed_deck_is_retired_with_its_cards(app, bank_dir):
         assert session.get(Deck, "beta").retired
 
 
+def test_a_sync_from_one_deck_file_refuses_to_retire_the_other_decks(app, bank_dir, runner):
+    before = snapshot(app)
+    edited = ALPHA_DECK.replace("What does FSDP shard that DDP replicates?", "An edit synced with its folder")
+    write_bank(bank_dir, {"alpha": edited, "beta": BETA_DECK})
+    one_file = bank_dir / "alpha.yaml"
+    result = runner.invoke(args=["bank", "sync", "--path", str(one_file)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert (f"Error: {one_file}: this bank is one file, and a sync makes the database match its bank: it would "
+            "retire the decks the file does not hold (beta) and their 2 cards.") in result.output
+    assert "Nothing was changed." in result.output and snapshot(app) == before
+    report = sync_bank(get_engine(app), bank_dir)  # the folder takes the same edit
+    assert report.updated == ["alpha-shards"] and report.retired == []
+
+
 def test_a_bad_bank_changes_nothing_and_names_file_line_and_field(app, bank_dir):
     before = snapshot(app)
     broken = ALPHA_DECK.replace("      - text: All-gather\n        correct: true\n", "      - text: All-gather\n")

@@ -12,7 +12,7 @@ from sharding_lab import atomic_write
 from sharding_lab.catalog import lab_info
 from studyapp.bank import BankError, load_bank, quiz_to_yaml
 from studyapp.db import get_engine
-from studyapp.sync import SyncReport, sync_bank
+from studyapp.sync import SyncRefused, SyncReport, sync_bank
 
 
 def sync_configured_bank(app: Flask) -> SyncReport:
@@ -21,6 +21,8 @@ def sync_configured_bank(app: Flask) -> SyncReport:
         return sync_bank(get_engine(app), app.config["BANK_PATH"])
     except BankError as error:
         raise click.ClickException(f"{error}\nNothing was changed.") from None
+    except SyncRefused as error:
+        raise click.ClickException(f"{app.config['BANK_PATH']}: {error}\nNothing was changed.") from None
 
 
 bank_group = AppGroup("bank", help="The question bank in bank/.")
