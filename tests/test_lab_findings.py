@@ -14,8 +14,9 @@ import pytest
 from conftest import REPO, with_committed_lab_results
 from sqlmodel import Session, select
 
+from sharding_lab.labs.evaluate import measured_where
 from studyapp.db import get_engine
-from studyapp.lab_runs.findings import LabFinding, choose, measured_date, where_measured
+from studyapp.lab_runs.findings import LabFinding, choose, measured_date
 from studyapp.models import LabRun, RunStatus
 
 REFERENCE = json.loads((REPO / "exports" / "lab-results.json").read_text(encoding="utf-8"))
@@ -56,9 +57,17 @@ def test_choose_prefers_the_local_run_and_keeps_the_reference():
     assert measured_date({"measured_at": "yesterday"}) is None
 
 
-def test_where_measured_names_device_ranks_backend_and_torch():
-    assert where_measured(REFERENCE["what-fsdp-shards"]) == ["cpu", "2 ranks", "gloo", "torch 2.13.0+cpu"]
-    assert where_measured({}) == [] and where_measured({"config": "odd"}) == []
+def test_measured_where_names_device_ranks_backend_torch_model_and_strategies():
+    on_cpu = {"device": "cpu", "world_size": 2, "world_sizes": [2], "backend": "gloo", "torch_version": "2.13.0+cpu",
+              "cuda_version": None, "gpu_name": None, "size": "tiny", "strategy": "ddp, zero3", "strategies": ["ddp", "zero3"]}
+    assert measured_where({"config": on_cpu}) == ["cpu", "world size 2", "gloo backend", "torch 2.13.0+cpu", "tiny model",
+                                                  "strategies ddp, zero3"]
+    on_gpu = {**on_cpu, "device": "cuda", "gpu_name": "NVIDIA H200", "cuda_version": "13.0", "world_sizes": [1, 2],
+              "backend": "nccl", "strategies": ["zero3"], "strategy": "zero3"}
+    assert measured_where({"config": on_gpu}) == ["cuda (NVIDIA H200)", "world sizes 1, 2", "nccl backend",
+                                                  "torch 2.13.0+cpu", "CUDA 13.0", "tiny model", "strategy zero3"]
+    assert measured_where({}) == [] and measured_where({"config": "odd"}) == [] and measured_where(None) == []
+    assert measured_where({"config": {"device": ["cpu"], "world_size": True, "size": ""}}) == []
 
 
 def test_a_fresh_install_shows_every_labs_committed_finding(client):
@@ -72,7 +81,7 @@ def test_a_lab_page_shows_the_reference_with_where_it_was_measured(client):
     page = text(client.get("/labs/adam-optimizer-state"))
     assert "Not run here yet" in page and "Run it here" in page
     measured = REFERENCE["adam-optimizer-state"]["measured_at"][:10]  # the committed file's own date
-    assert f"Committed reference, measured on cpu, 2 ranks, gloo, torch 2.13.0+cpu, {measured}" in page
+    assert f"Committed reference, measured on cpu, world size 2, gloo backend, torch 2.13.0+cpu, tiny model, strategies ddp, zero3, {measured}" in page
     assert REFERENCE["adam-optimizer-state"]["finding"] in page
 
 
@@ -80,7 +89,7 @@ def test_a_local_run_is_the_latest_and_the_reference_stays_for_comparison(app, c
     local_run(app, "adam-optimizer-state", "measured here at 4 ranks")
     page = text(client.get("/labs/adam-optimizer-state"))
     assert page.index("measured here at 4 ranks") < page.index("Committed reference, for comparison")
-    assert REFERENCE["adam-optimizer-state"]["finding"] in page and "4 ranks" in page
+    assert REFERENCE["adam-optimizer-state"]["finding"] in page and "world size 4" in page
     index = text(client.get("/labs"))
     assert index.count("committed reference") == len(REFERENCE) - 1 and "run here" in index
 
@@ -89,10 +98,10 @@ def test_the_cards_answer_side_shows_the_reference_then_the_local_run(app, clien
     card = text(client.get("/questions/beta-adam"))
     assert "Measured: the claim held." in card and REFERENCE["adam-optimizer-state"]["finding"] in card
     measured = REFERENCE["adam-optimizer-state"]["measured_at"][:10]
-    assert f"Committed reference, measured on cpu, 2 ranks, gloo, torch 2.13.0+cpu, {measured} · Run it here" in card
+    assert f"Committed reference, measured on cpu, world size 2, gloo backend, torch 2.13.0+cpu, tiny model, strategies ddp, zero3, {measured} · Run it here" in card
     local_run(app, "adam-optimizer-state", "measured here at 4 ranks")
     card = text(client.get("/questions/beta-adam"))
-    assert "measured here at 4 ranks" in card and "Run here, measured on cpu, 4 ranks, gloo, torch 2.13.0+cpu, 2026-03-01" in card
+    assert "measured here at 4 ranks" in card and "Run here, measured on cpu, world size 4, gloo backend, torch 2.13.0+cpu, tiny model, strategies ddp, zero3, 2026-03-01" in card
 
 
 def test_export_anki_takes_the_same_rule_and_dates_a_local_run(app, runner, tmp_path):
@@ -155,7 +164,7 @@ def test_a_hand_edited_reference_entry_shows_what_it_can(app, client, odd, never
         body = [re.findall(r"<td>(.*?)</td>", row) for row in rows[1:]]
         assert body == ([["zero3", "7"]] if isinstance(odd["table"]["rows"], list) else [])
     if "config" in odd:
-        assert "Committed reference, measured on gloo," in lab
+        assert "Committed reference, measured on gloo backend, 20" in lab  # then the date
 
 
 @pytest.mark.parametrize(("reasons", "listed"), [([1, "kept"], ["kept"]), ("a string", [])])
@@ -171,4 +180,4 @@ def test_a_local_run_with_odd_fields_shows_what_it_can(app, client, reasons, lis
     latest = page.get_data(as_text=True).split('id="latest-result"')[1].split('id="reference-result"')[0]
     assert re.findall(r"<td>(.*?)</td>", latest) == ["[1, 2]", "None", "True"]  # a list cell as its JSON text
     assert re.findall(r"<li>(.*?)</li>", latest) == listed
-    assert "measured on cpu, 4 ranks, gloo, torch 2.13.0+cpu" in text(page)
+    assert "measured on cpu, world size 4, gloo backend, torch 2.13.0+cpu, tiny model" in text(page)

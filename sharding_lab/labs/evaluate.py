@@ -73,6 +73,36 @@ def evaluate(
     }
 
 
+def measured_where(result: Mapping | None) -> list[str]:
+    """Where a run JSON (or its stored summary) was measured, read back from its `config` as short
+    phrases: device (and GPU), world size(s), backend, torch and CUDA versions, model size, strategies.
+    What it does not record, or records as other than a name or a whole number (a hand-edited file),
+    is left out. The app's pages and the Anki back both say it so."""
+    config = result.get("config") if isinstance(result, Mapping) else None
+    if not isinstance(config, Mapping):
+        return []
+    one = {key: str(value) for key, value in config.items() if _is_name(value)}
+    many = {key: [str(v) for v in value if _is_name(v)] for key, value in config.items() if isinstance(value, list)}
+    where = []
+    if "device" in one:
+        where.append(one["device"] + (f" ({one['gpu_name']})" if "gpu_name" in one else ""))
+    if len(many.get("world_sizes", [])) > 1:
+        where.append("world sizes " + ", ".join(many["world_sizes"]))
+    elif "world_size" in one:
+        where.append(f"world size {one['world_size']}")
+    labels = (("backend", "{} backend"), ("torch_version", "torch {}"), ("cuda_version", "CUDA {}"), ("size", "{} model"))
+    where += [label.format(one[key]) for key, label in labels if key in one]
+    if len(many.get("strategies", [])) > 1:
+        where.append("strategies " + ", ".join(many["strategies"]))
+    elif "strategy" in one:
+        where.append(f"strategy {one['strategy']}")
+    return where
+
+
+def _is_name(value: object) -> bool:
+    return (isinstance(value, str) and value != "") or type(value) is int
+
+
 def where_it_holds(measurements: Measurements) -> str:
     """One sentence on what the finding's numbers are true of: the implementation, the models, the
     dtypes and the ranks they were measured on."""

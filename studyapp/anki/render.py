@@ -16,6 +16,7 @@ from typing import Any
 import genanki
 
 from sharding_lab.catalog import lab_info
+from sharding_lab.labs.evaluate import measured_where
 from studyapp.anki.note_type import FIELDS
 from studyapp.bank import Deck, Question
 
@@ -59,25 +60,9 @@ def render_lab_result(result: LabResult | None) -> str:
     parts = [f'<p class="mc-lab-finding">{verdict}{escape_text(finding)}</p>']
     if result.get("at_scale"):
         parts.append(f'<p class="mc-lab-at-scale">{escape_text(str(result["at_scale"]))}</p>')
-    config = result.get("config")
-    if isinstance(config, Mapping):
-        where = [str(config["device"])] if config.get("device") else []
-        if where and config.get("gpu_name"):  # a GPU run names its GPU, as the app's pages do
-            where[0] += f" ({config['gpu_name']})"
-        sizes = config.get("world_sizes")
-        if isinstance(sizes, list) and len(sizes) > 1:
-            where.append("world sizes " + ", ".join(str(size) for size in sizes))
-        elif config.get("world_size") is not None:
-            where.append(f"world size {config['world_size']}")
-        labels = (("backend", "{} backend"), ("torch_version", "torch {}"), ("cuda_version", "CUDA {}"), ("size", "{} model"))
-        where += [label.format(config[key]) for key, label in labels if config.get(key) not in (None, "")]
-        strategies = config.get("strategies")
-        if isinstance(strategies, list) and len(strategies) > 1:
-            where.append("strategies " + ", ".join(str(strategy) for strategy in strategies))
-        elif config.get("strategy"):
-            where.append(f"strategy {config['strategy']}")
-        if where:
-            parts.append(f'<p class="mc-lab-where">Measured on {escape_text(", ".join(where))}.</p>')
+    where = measured_where(result)
+    if where:
+        parts.append(f'<p class="mc-lab-where">Measured on {escape_text(", ".join(where))}.</p>')
     return "".join(parts)
 
 

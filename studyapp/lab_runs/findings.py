@@ -18,6 +18,7 @@ from typing import Any
 from sqlmodel import Session
 
 from sharding_lab.labs.base import Table
+from sharding_lab.labs.evaluate import measured_where
 from studyapp.lab_runs.queue import aware, latest_done
 from studyapp.models import LabRun
 
@@ -36,7 +37,7 @@ class ShownResult:
     at_scale: str
     reasons: tuple[str, ...]
     table: Table | None
-    where: tuple[str, ...]  # where_measured: device, GPU, ranks, backend, torch, CUDA
+    where: tuple[str, ...]  # measured_where: device, GPU, ranks, backend, torch, CUDA, model, strategies
     measured_at: datetime | None  # the result's own date, when it records one
 
     @classmethod
@@ -49,7 +50,7 @@ class ShownResult:
             at_scale=_text(raw.get("at_scale")),
             reasons=tuple(r for r in reasons if isinstance(r, str)) if isinstance(reasons, list) else (),
             table=Table.from_json(raw.get("table")),
-            where=tuple(where_measured(raw)),
+            where=tuple(measured_where(raw)),
             measured_at=measured_date(raw),
         )
 
@@ -99,21 +100,6 @@ def measured_date(result: Mapping[str, Any] | None) -> datetime | None:
         return datetime.fromisoformat(raw) if isinstance(raw, str) else None
     except ValueError:
         return None
-
-
-def where_measured(result: Mapping[str, Any] | None) -> list[str]:
-    """device (and its GPU), ranks, backend, torch and CUDA versions of a result, as short phrases;
-    what the result does not record, or records as something other than a name or a number, is left out."""
-    config = (result or {}).get("config")
-    if not isinstance(config, Mapping):
-        return []
-    phrases = (("device", "{}"), ("gpu_name", "{}"), ("world_size", "{} ranks"), ("backend", "{}"),
-               ("torch_version", "torch {}"), ("cuda_version", "CUDA {}"))
-    return [label.format(config[key]) for key, label in phrases if _is_named(config.get(key))]
-
-
-def _is_named(value: Any) -> bool:
-    return (isinstance(value, str) and value != "") or (type(value) is int)
 
 
 def choose(local: Mapping[str, dict[str, Any] | None], reference: Mapping[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
