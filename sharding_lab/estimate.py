@@ -124,7 +124,8 @@ def table1() -> list[dict]:
 
 def paper_style(gigabytes: float) -> str:
     """A GB figure printed the way Table 1 prints it: from 100 GB whole GB, truncated (1T at DP 1024:
-    4011.7 is printed 4011); below, 3 significant figures rounded half up (7.5B at DP 64: 1.875 is 1.88)."""
+    4011.7 is printed 4011); below, rounded half up to one decimal from 10 GB and two under it: 3
+    significant figures from 1 GB (7.5B at DP 64: 1.875 is 1.88), fewer under it (at 256: 0.46875 is 0.47)."""
     decimals = 0 if gigabytes >= 100 else 1 if gigabytes >= 10 else 2
     rounding = ROUND_DOWN if decimals == 0 else ROUND_HALF_UP
     rounded = Decimal(repr(gigabytes)).quantize(Decimal(1).scaleb(-decimals), rounding=rounding)
@@ -133,10 +134,12 @@ def paper_style(gigabytes: float) -> str:
 
 
 def format_bytes(num_bytes: float) -> str:
-    """Bytes to 4 significant figures in the largest decimal unit that keeps them >= 1 (GB is 1e9 B)."""
+    """Bytes to 4 significant figures in the largest decimal unit that keeps them >= 1 (GB is 1e9 B), and
+    past 10,000 TB (a quadrillion parameters' 16 PB) whole TB, never an exponent ("1.6e+04 TB")."""
     for unit, size in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
         if abs(num_bytes) >= size:
-            return f"{num_bytes / size:.4g} {unit}"
+            text = f"{num_bytes / size:.4g}"
+            return f"{num_bytes / size:,.0f} {unit}" if "e" in text else f"{text} {unit}"
     return f"{num_bytes:.0f} B"
 
 
@@ -155,8 +158,10 @@ def _render_analytic(report: dict, console) -> None:
     from rich.table import Table
 
     precision = "mixed precision, K = 12" if report["mixed_precision"] else "fp32 Adam"
+    # The paper's model, not PyTorch's: under mixed precision its 2/2/12 bytes are not what FSDP2 keeps.
     table = Table(
-        title=f"Per rank: {_params_label(report['params'])} params, N = {report['world_size']}, {precision}"
+        title=f"Per rank, the ZeRO paper's model: {_params_label(report['params'])} params, "
+        f"N = {report['world_size']}, {precision}"
     )
     table.add_column("strategy")
     for part in (*MODEL_STATE_PARTS, "total"):
@@ -191,7 +196,8 @@ def _render_analytic(report: dict, console) -> None:
             "(4/4/8 bytes per parameter against the paper's 2/2/12)."
         )
     console.print(
-        "comm/step: the paper's volume per rank, 2Ψ elements for ddp, zero1, zero2 and 3Ψ for zero3; "
+        "GB = 1e9 B, as the paper's. comm/step: the paper's volume per rank, 2Ψ elements for ddp, zero1, zero2 "
+        "and 3Ψ for zero3; "
         "wire: per-rank bytes sent, "
         "derived from ring all-gather/reduce-scatter (N-1)/N·S and all-reduce 2(N-1)/N·S."
     )
@@ -229,7 +235,8 @@ def _render_simulation(result, console) -> None:
     )
     table.add_column("per rank")
     table.add_column("simulated", justify="right")
-    table.add_column("predicted (analytic, FSDP padding)", justify="right")
+    # What FSDP2 keeps, fp32 even under mixed precision: not the paper's 2/2/12 bytes of the table above.
+    table.add_column("predicted (analytic: FSDP2's fp32 4/4/8 B, padded)", justify="right")
     predicted, states = result.predicted_model_states, result.model_states
     for key in ("params", "grads", "optimizer"):
         table.add_row(key, format_bytes(states[key]), format_bytes(predicted[key]))

@@ -248,7 +248,9 @@ def _render(results) -> None:
         _render_strategy(console, Table, analytic, simulated, unavailable, deepspeed)
     if len(results) > 1:
         summary = Table(title="Side by side (per GPU)")
-        for column in ("strategy", "peak GB", "simulated", "fits", "max batch", "DeepSpeed", "comm/step",
+        # The logical bytes at the API, summed: not `estimate`'s comm/step, the paper's volume, which counts
+        # an all-reduce twice. DeepSpeed's figure in decimal GB, as the peak (DeepSpeed prints GiB as "GB").
+        for column in ("strategy", "peak GB", "simulated", "fits", "max batch", "DeepSpeed GB", "logical/step",
                        "wire (derived)"):
             summary.add_column(column, justify="left" if column == "strategy" else "right")
         for analytic, simulated, _, deepspeed in results:

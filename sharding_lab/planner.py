@@ -275,8 +275,14 @@ class Plan:
     @property
     def headroom_statement(self) -> str:
         r = self.request
-        return (f"fits if the peak is at most {1 - r.headroom:.0%} of {r.gpu_memory_gb:g} GB "
-                f"(headroom {r.headroom:.0%}: {r.usable_bytes / GB:.2f} GB usable)")
+        return (f"fits if the peak is at most {_percent(1 - r.headroom)} of {r.gpu_memory_gb:g} GB "
+                f"(headroom {_percent(r.headroom)}: {r.usable_bytes / GB:.2f} GB usable)")
+
+
+def _percent(fraction: float) -> str:
+    """A fraction as a percentage with the digits it has: whole percents rounded read 12.5% headroom as
+    "12%" beside "88%", and 0.5% as "0%" beside "100%"."""
+    return f"{fraction * 100:.4g}%"
 
 
 def _dtype_label(mixed_precision: bool) -> str:
@@ -353,15 +359,37 @@ def step_shape(request: PlanRequest, micro_batch: int | None = None) -> StepShap
 
 def _figures(moment: Moment, request: PlanRequest) -> PeakMemory:
     dtype = _dtype_label(request.mixed_precision)
-    impl = "FSDP2" if request.strategy.fully_sharded else "DDP"
+    adam = "torch.optim.Adam: fp32 exp_avg and exp_avg_sq, a 4-byte step per tensor"
+    if request.strategy.fully_sharded:
+        offloaded = " (in host memory under CPU offload, not counted here)" if request.cpu_offload else ""
+        model_states = {
+            Category.PARAMETERS: f"FSDP2's fp32 shards{offloaded} plus gathered units at the compute dtype; any GPT of "
+                                 "this shape",
+            Category.GRADIENTS: f"FSDP2; fp32 shards{offloaded}, unsharded at the compute dtype until the unit's "
+                                "reduce-scatter" + (" (kept in fp32 between micro-batches)"
+                                                    if request.grad_accum_steps > 1 else ""),
+            Category.OPTIMIZER_STATE: adam + offloaded,
+            Category.ALL_GATHER_BUFFERS: "FSDP2's all-gather outputs (the prefetched block's, one ahead); compute dtype",
+            Category.REDUCE_SCATTER_BUFFERS: "FSDP2: one unit's fp32 reduce-scatter input",
+        }
+    else:  # DDP holds every parameter and gradient whole: no shards, no gather or reduce-scatter buffers
+        model_states = {
+            Category.PARAMETERS: "DDP's full fp32 parameters on every GPU"
+                                 + (", plus its bf16 copies for compute" if request.mixed_precision else "")
+                                 + "; any GPT of this shape",
+            Category.GRADIENTS: "DDP's full fp32 buckets (gradient_as_bucket_view), plus each new gradient at the "
+                                "compute dtype until its hook copies it in"
+                                + (", and under no_sync the kept fp32 ones until the last micro-batch copies "
+                                   "them in" if request.grad_accum_steps > 1 else ""),
+            Category.OPTIMIZER_STATE: adam + ("; ZeroRedundancyOptimizer: the fullest rank's whole tensors"
+                                              if request.strategy is Strategy.ZERO1 else ""),
+            Category.ALL_GATHER_BUFFERS: "none: DDP gathers nothing",
+            Category.REDUCE_SCATTER_BUFFERS: "none: DDP all-reduces its buckets in place",
+        }
     holds = {
-        Category.PARAMETERS: f"{impl}'s fp32 shards plus gathered units at the compute dtype; any GPT of this shape",
-        Category.GRADIENTS: f"{impl}; fp32 shards, unsharded at the compute dtype until the unit's reduce-scatter",
-        Category.OPTIMIZER_STATE: "torch.optim.Adam: fp32 exp_avg and exp_avg_sq, a 4-byte step per tensor",
+        **model_states,
         Category.ACTIVATIONS: f"our GPT's saved tensors (SDPA flash layout), counted as on CPU; {dtype}",
         Category.TEMPORARIES: f"our GPT's backward, op by op (the loss's and the activations' gradients); {dtype}",
-        Category.ALL_GATHER_BUFFERS: "FSDP2's all-gather outputs (the prefetched block's, one ahead); compute dtype",
-        Category.REDUCE_SCATTER_BUFFERS: "FSDP2: one unit's fp32 reduce-scatter input",
     }
     values = {
         Category.PARAMETERS: moment.parameters,

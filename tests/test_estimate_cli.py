@@ -133,6 +133,37 @@ def test_table_on_a_terminal(capsys):
     assert "234.4 MB" in out  # zero3 params: 2 x 7.5e9 / 64
 
 
+def test_the_largest_counts_print_without_an_exponent(capsys):
+    # A quadrillion parameters on one rank, fp32: 16 B x 1e15 = 16,000 TB of model states, and zero3's 3Ψ
+    # of 4 B 12,000 TB per step (once "1.6e+04 TB" and "1.2e+04 TB").
+    assert run_estimate_cli(["--params", "1000T", "--world-size", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "│ 4000 TB │ 4000 TB │   8000 TB │ 16,000 TB │ 12,000 TB │  0 B │" in out
+    assert "e+" not in out
+
+
+def test_the_tables_say_whose_model_they_are(capsys):
+    # Under mixed precision the analytic table is the paper's (2/2/12 B per parameter: zero3's params
+    # 2 x 60,096 / 3 = 40.06 kB), and the simulation's prediction what FSDP2 keeps (fp32 shards).
+    assert run_estimate_cli(["--params", "60096", "--world-size", "3", "--mixed-precision"]) == 0
+    out = capsys.readouterr().out
+    assert "Per rank, the ZeRO paper's model: 60096 params, N = 3, mixed precision, K = 12" in out
+    assert "│ zero3    │ 40.06 kB │" in out
+    from io import StringIO
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    states = {"params": 81_320, "grads": 81_320, "optimizer": 162_852, "total": 325_492}
+    result = SimpleNamespace(
+        config=SimpleNamespace(strategy="zero3", world_size=3, size="tiny", batch_size=1), num_params=60_096,
+        seq_len=32, model_states=states, predicted_model_states=states, activations_after_forward=0, peak_bytes=0,
+        model_states_match_prediction=True, wall_s=0.0, peak_rss_bytes=0, method="fake")
+    console = Console(file=StringIO(), width=200)
+    estimate._render_simulation(result, console)
+    assert "predicted (analytic: FSDP2's fp32 4/4/8 B, padded)" in console.file.getvalue()
+
+
 def test_table1_json_and_table(capsys):
     rows = estimate_json(["--table1"], capsys)["table1"]
     assert len(rows) == 18

@@ -26,6 +26,21 @@ def test_all_strategies_side_by_side(capsys):
         assert text in out
 
 
+def test_the_side_by_side_table_names_its_bytes(capsys, monkeypatch):
+    # tiny (Ψ = 60,096) on 2 GPUs, fp32: DDP's all-reduce is 4 B x Ψ = 240,384 B (234.8 KiB) at the API and
+    # zero2's all-gather plus reduce-scatter 2 x 240,384 B (469.5 KiB): logical bytes, not `estimate`'s
+    # comm/step (the paper's volume, equal for the two), which the column was once called.
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = run(["--size", "tiny", "--gpus", "2", "--strategy", "all"], capsys)
+    assert code == 0
+    summary = out[out.index("Side by side"):].splitlines()
+    header = [cell.strip() for cell in summary[2].split("┃")]
+    assert header[6:8] == ["DeepSpeed GB", "logical/step"]
+    rows = {cells[1]: cells for line in summary if line.startswith("│")
+            for cells in [[cell.strip() for cell in line.split("│")]]}
+    assert rows["ddp"][7] == "234.8 KiB" and rows["zero2"][7] == "469.5 KiB"
+
+
 def test_a_strategy_that_does_not_fit_even_one_sequence_says_so(capsys):
     # 7b's DDP replica alone is 16 B x 6.86e9 = 110 GB, beyond 72 GB usable: no micro-batch fits.
     code, out, _ = run(["--size", "7b", "--gpus", "64", "--strategy", "all"], capsys)

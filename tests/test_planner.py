@@ -238,6 +238,34 @@ def test_fits_states_its_headroom():
     assert plan.leaves_out and all(f.holds for _, f in plan.peak.categories)
 
 
+@pytest.mark.parametrize(("headroom", "statement"), [
+    # 80 GB x 0.875 = 70.00 GB usable: whole percents read it "at most 88% ... (headroom 12%".
+    (0.125, "fits if the peak is at most 87.5% of 80 GB (headroom 12.5%: 70.00 GB usable)"),
+    # 80 GB x 0.995 = 79.60 GB: whole percents read it "at most 100% ... (headroom 0%".
+    (0.005, "fits if the peak is at most 99.5% of 80 GB (headroom 0.5%: 79.60 GB usable)"),
+])
+def test_the_headroom_statement_keeps_the_headrooms_digits(headroom, statement):
+    assert plan_analytic(small(headroom=headroom)).headroom_statement == statement
+
+
+def test_ddp_figures_say_they_are_whole_not_fsdp_shards():
+    # DDP under bf16 holds every fp32 parameter and its bf16 copy: 6 B x 2,336 = 14,016 B, and says so (it
+    # once said "DDP's fp32 shards ... until the unit's reduce-scatter", FSDP2's words).
+    for strategy in (Strategy.DDP, Strategy.ZERO1):
+        peak = plan_analytic(small(strategy=strategy, mixed_precision=True)).peak
+        assert peak[Category.PARAMETERS].bytes == 6 * PSI == 14016
+        assert peak[Category.PARAMETERS].holds.startswith("DDP's full fp32 parameters on every GPU, plus its bf16 copies")
+        assert peak[Category.GRADIENTS].holds.startswith("DDP's full fp32 buckets")
+        assert not any("shards" in figure.holds or "reduce-scatter input" in figure.holds
+                       for _, figure in peak.categories)
+        assert peak[Category.REDUCE_SCATTER_BUFFERS].bytes == peak[Category.ALL_GATHER_BUFFERS].bytes == 0
+    zero1 = plan_analytic(small(strategy=Strategy.ZERO1)).peak[Category.OPTIMIZER_STATE]
+    assert "ZeroRedundancyOptimizer: the fullest rank's whole tensors" in zero1.holds
+    offloaded = plan_analytic(small(cpu_offload=True)).peak
+    assert offloaded[Category.OPTIMIZER_STATE].bytes == 0  # in host memory, as the figure says
+    assert "in host memory under CPU offload" in offloaded[Category.OPTIMIZER_STATE].holds
+
+
 @pytest.mark.parametrize(
     ("build", "message"),
     [
