@@ -8,11 +8,16 @@ from datetime import date
 from markupsafe import Markup, escape
 
 
+def number(value: float) -> str:
+    """A count in full (`:g` alone keeps 6 digits: 1234567 would read 1.23457e+06), else `:g`."""
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:g}"
+
+
 def bar_chart(
     points: Sequence[tuple[str, float | None]],
     *,
     title: str,
-    value_label: Callable[[float], str] = lambda v: f"{v:g}",
+    value_label: Callable[[float], str] = number,
     max_value: float | None = None,
     width: int = 720,
     height: int = 220,
@@ -20,10 +25,12 @@ def bar_chart(
 ) -> Markup:
     """An SVG bar chart of (label, value) points; each bar carries a tooltip with its value.
     A None value (nothing to measure that day) draws no bar."""
-    left, right, top, bottom = 40, 10, 28, 36
-    plot_w, plot_h = width - left - right, height - top - bottom
     top_value = max_value if max_value is not None else max((v for _, v in points if v is not None), default=0)
     top_value = top_value or 1
+    top_label = value_label(top_value)
+    # Room for the top tick (10px digits are about 6px wide): a 7-digit count fits instead of being cut off.
+    left, right, top, bottom = max(40, 8 + 6 * len(top_label)), 10, 28, 36
+    plot_w, plot_h = width - left - right, height - top - bottom
     slot = plot_w / max(len(points), 1)
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {width} {height}" '
@@ -31,7 +38,7 @@ def bar_chart(
         f'<title>{escape(title)}</title>',
         f'<text x="{left}" y="18" class="chart-title">{escape(title)}</text>',
         f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" class="axis"/>',
-        f'<text x="{left - 6}" y="{top + 4}" class="tick" text-anchor="end">{escape(value_label(top_value))}</text>',
+        f'<text x="{left - 6}" y="{top + 4}" class="tick" text-anchor="end">{escape(top_label)}</text>',
         f'<text x="{left - 6}" y="{top + plot_h}" class="tick" text-anchor="end">0</text>',
     ]
     for i, (label, value) in enumerate(points):

@@ -286,10 +286,11 @@ def calendar_weeks(counts: dict[date, int], today: date, weeks: int = 53) -> lis
 
 
 def calendar_level(count: int, busiest: int) -> int:
-    """0 for no reviews, else 1-4 by quarters of the busiest day."""
+    """0 for no reviews, else 1-4 by quarters of the busiest day: up to a quarter of it is 1, the
+    busiest day itself 4 (so a single review, or a busiest day of 1-3, shades the darkest)."""
     if count <= 0 or busiest <= 0:
         return 0
-    return min(4, 1 + (4 * (count - 1)) // busiest)
+    return min(4, -(-4 * count // busiest))  # ceil(4 · count / busiest), in integers
 
 
 # --- mastery by topic -------------------------------------------------------------------------

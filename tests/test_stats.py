@@ -4,6 +4,7 @@ then every SQL aggregate on a hand-built review log (SQLite and PostgreSQL), und
 from __future__ import annotations
 
 import html
+import re
 from datetime import date, datetime, timedelta, timezone
 
 import pytest
@@ -11,6 +12,7 @@ from conftest import ALPHA_DECK, BETA_DECK, write_bank
 from sqlmodel import Session, select
 
 from studyapp import stats
+from studyapp.charts import bar_chart
 from studyapp.db import get_engine
 from studyapp.models import Card, ReviewLog
 from studyapp.stats import KIND_LEARN, KIND_MATURE, KIND_YOUNG, DayRow, Retention
@@ -225,3 +227,61 @@ def test_a_tag_page_lists_its_cards_and_refuses_odd_tags(built, client, clock):
     assert client.get("/stats/tags/nope").status_code == 404
     assert client.get("/stats/tags/%22fsdp%22").status_code == 404
     assert client.get("/stats/tags/fs").status_code == 404  # a prefix is not the tag
+
+
+def test_the_busiest_day_is_shaded_darkest_even_when_it_is_small():
+    # Quarters of the busiest day, by hand: up to 1/4 of it is level 1, (1/4, 1/2] 2, (1/2, 3/4] 3, above 4.
+    assert stats.calendar_level(1, 1) == 4  # a single review is the busiest day
+    assert [stats.calendar_level(n, 2) for n in (1, 2)] == [2, 4]  # 1/2, 2/2
+    assert [stats.calendar_level(n, 3) for n in (1, 2, 3)] == [2, 3, 4]  # 1/3, 2/3, 3/3
+    assert [stats.calendar_level(n, 5) for n in (1, 2, 4, 5)] == [1, 2, 4, 4]  # 1/5, 2/5, 4/5, 5/5
+
+
+def test_one_review_shades_its_calendar_day_darkest(app, client, clock):
+    clock.now = datetime(2026, 3, 4, 12, tzinfo=timezone.utc)
+    with Session(get_engine(app)) as session:
+        session.add(log(session.exec(select(Card)).first(), WED, 4))
+        session.commit()
+    page = client.get("/stats").get_data(as_text=True)
+    assert 'class="cal-4"><title>2026-03-04: 1 review</title>' in page
+    assert page.count('class="cal-4"') == 1 and 'class="cal-1"' not in page
+
+
+def test_every_last_12_months_figure_covers_the_same_days(app, client, clock):
+    """The retention table's 12 months run from 1 April 2025 to Wednesday 4 March 2026; the calendar's
+    53 weeks start on Monday 3 March 2025, so its first four weeks are not part of that window."""
+    clock.now = datetime(2026, 3, 4, 12, tzinfo=timezone.utc)
+    with Session(get_engine(app)) as session:
+        first, second = session.exec(select(Card).order_by(Card.position)).all()[:2]
+        session.add_all([
+            log(first, date(2025, 3, 10), 4, before_interval=30),  # in the calendar, before the 12 months
+            log(first, date(2025, 4, 1), 4, before_interval=30),
+            log(first, WED, 4, before_interval=30),
+            log(second, WED, 2, before_interval=30),
+        ])
+        session.commit()
+    page = " ".join(html.unescape(client.get("/stats").get_data(as_text=True)).split())
+    # By hand: 2025-04-01 and twice on 2026-03-04: 3 reviews on 2 days, 2 of them passed.
+    assert "3 reviews on 2 days in the last 12 months; the busiest day 2026-03-04 with 2." in page
+    assert "overall <strong class=\"retention-overall\">67%</strong> (3)" in page
+    calendar_table = page[page.index("Review calendar, last 12 months, table"):]
+    calendar_table = calendar_table[:calendar_table.index("</table>")]
+    months = re.findall(r"<tr><td>(\d{4}-\d{2})</td><td>(\d+)</td></tr>", calendar_table)
+    assert len(months) == 12 and months[0] == ("2025-04", "1") and months[-1] == ("2026-03", "2")
+
+
+def test_a_tag_page_for_a_very_long_tag_is_a_404_or_the_page_not_a_500(app, client, bank_dir):
+    long_tag = "t" * 1500  # the bank accepts any length
+    write_bank(bank_dir, {"alpha": ALPHA_DECK.replace("tags: [fsdp]", f"tags: [{long_tag}]", 1), "beta": BETA_DECK})
+    sync_bank(get_engine(app), bank_dir)
+    page = client.get(f"/stats/tags/{long_tag}")
+    assert page.status_code == 200 and page.get_data(as_text=True).count("/questions/alpha-") == 1
+    assert client.get(f"/stats/tags/{long_tag}x").status_code == 404  # the same first 1000 characters: not it
+    assert client.get("/stats/tags/" + "a" * 60_000).status_code == 404  # SQLite: "LIKE pattern too complex"
+
+
+def test_a_chart_shows_a_huge_count_in_full_and_leaves_its_label_room():
+    svg = str(bar_chart([("Mar 04", 1_234_567), ("Mar 05", 0)], title="Cards due"))
+    assert "<title>Mar 04: 1234567</title>" in svg  # not 1.23457e+06
+    tick_x = int(re.search(r'<text x="(\d+)" y="32" class="tick" text-anchor="end">1234567</text>', svg).group(1))
+    assert tick_x >= 7 * 6  # seven digits of about 6px each end at the tick: none cut off at x = 0

@@ -28,6 +28,7 @@ FORECAST_DAYS = 30
 RETENTION_WEEKS, RETENTION_MONTHS = 12, 12
 CALENDAR_WEEKS = 53
 MASTERY_DAYS = 30  # the mastery table's window; the home page's line uses the last 7 days
+TAG_LIKE_MAX = 1000  # characters of a tag the tag page's SQL prefilter matches; Python checks the rest
 
 
 def reviews_by_day(session: Session, today: date, days: int = HISTORY_DAYS) -> list[tuple[date, int, int]]:
@@ -88,7 +89,9 @@ def index():
     median = stats.median_ms(stats.duration_histogram(session, time_first, today))
     summary = stats.card_summary(session)
     states, intervals, eases = summary.states, summary.intervals, summary.eases
-    year = [day for week in weeks for day in week if day]
+    # "The last 12 months" is one window everywhere on the page, the retention table's 12 calendar
+    # months; the calendar's 53 full weeks reach up to a month further back.
+    year = [day for week in weeks for day in week if day and day[0] >= month_starts[0]]
     months: dict[str, int] = {}
     for day, count in year:
         months[day.strftime("%Y-%m")] = months.get(day.strftime("%Y-%m"), 0) + count
@@ -159,8 +162,10 @@ def tag(tag: str):
         abort(404, description="There is no such tag.")
     session = get_session()
     today = clock.today()
+    # A prefix of the quoted tag narrows as well; SQLite refuses a LIKE pattern over 50,000 bytes.
+    needle = f'"{tag}"'[:TAG_LIKE_MAX]
     candidates = session.exec(
-        select(Card).where(Card.retired.is_(False), cast(Card.tags, String).contains(f'"{tag}"')).order_by(Card.position)
+        select(Card).where(Card.retired.is_(False), cast(Card.tags, String).contains(needle)).order_by(Card.position)
     ).all()
     cards = [card for card in candidates if tag in card.tags]
     if not cards:
