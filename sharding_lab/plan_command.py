@@ -293,9 +293,11 @@ def _render_strategy(console, Table, analytic: Plan, simulated: Plan | None, una
         console.print(f"  analytic vs simulated peak: {error:+.2%}; {simulated.notes[0]}")
         filing = _filing(analytic, simulated)
         console.print(f"  {filing}." if filing else "  analytic and simulated agree category by category.")
-    comm = Table(title=f"{request.strategy}: communication per optimizer step, per GPU")
+    # The op whole (at 80 columns it was cut to "reduce_scatt…"); the other columns wrap to make room.
+    comm = Table(title=f"{request.strategy}: communication per optimizer step, per GPU", collapse_padding=True)
     for column in ("collective", "phase", "on", "dtype", "calls", "logical", "wire (derived)"):
-        comm.add_column(column, justify="left" if column in ("collective", "phase", "on", "dtype") else "right")
+        comm.add_column(column, justify="left" if column in ("collective", "phase", "on", "dtype") else "right",
+                        no_wrap=column == "collective")
     for c in analytic.communication:
         comm.add_row(c.op, c.phase, f"{c.mesh_dim} x{c.ranks}", c.dtype, "buckets" if c.calls is None else str(c.calls),
                      human_bytes(c.logical_bytes), human_bytes(c.wire_bytes_derived))

@@ -41,6 +41,19 @@ def test_the_side_by_side_table_names_its_bytes(capsys, monkeypatch):
     assert rows["ddp"][7] == "234.8 KiB" and rows["zero2"][7] == "469.5 KiB"
 
 
+@pytest.mark.parametrize("argv", [["--size", "7b", "--gpus", "64", "--mixed-precision"],
+                                  ["--size", "70b", "--mesh", "128x8", "--strategy", "zero2", "--grad-accum", "8"]])
+def test_the_communication_table_reads_whole_in_80_columns(capsys, monkeypatch, argv):
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = run(argv, capsys)
+    assert code == 0
+    table = out[out.index("communication per optimizer step"):out.index("analytic holds for")].splitlines()
+    assert max(len(line) for line in table) <= 80
+    rows = [line for line in table if line.startswith("│")]
+    assert all(line.rstrip()[-1] in "┓┃┩│┘" for line in table[1:] if line.strip()), table  # the right edge not cropped
+    assert sum("│ reduce_scatter │" in line for line in rows) == 1 and not any("…" in line for line in table)
+
+
 def test_a_strategy_that_does_not_fit_even_one_sequence_says_so(capsys):
     # 7b's DDP replica alone is 16 B x 6.86e9 = 110 GB, beyond 72 GB usable: no micro-batch fits.
     code, out, _ = run(["--size", "7b", "--gpus", "64", "--strategy", "all"], capsys)
