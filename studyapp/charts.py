@@ -8,6 +8,9 @@ from datetime import date
 from markupsafe import Markup, escape
 
 
+ZERO_STUB = 2  # px: the height a measured zero is drawn at
+
+
 def number(value: float) -> str:
     """A count in full (`:g` alone keeps 6 digits: 1234567 would read 1.23457e+06), else `:g`."""
     return f"{value:.0f}" if float(value).is_integer() else f"{value:g}"
@@ -24,7 +27,7 @@ def bar_chart(
     label_every: int = 5,
 ) -> Markup:
     """An SVG bar chart of (label, value) points; each bar carries a tooltip with its value.
-    A None value (nothing to measure that day) draws no bar."""
+    A None value (nothing to measure that day) draws no bar; a zero, a 2px stub on the axis."""
     top_value = max_value if max_value is not None else max((v for _, v in points if v is not None), default=0)
     top_value = top_value or 1
     top_label = value_label(top_value)
@@ -44,10 +47,11 @@ def bar_chart(
     for i, (label, value) in enumerate(points):
         x = left + i * slot + slot * 0.1
         if value is not None:
-            bar_h = plot_h * max(value, 0) / top_value
+            # A measured zero (0% right that day) gets a stub on the axis, so it does not read as no data.
+            bar_h = plot_h * max(value, 0) / top_value if value > 0 else ZERO_STUB
             parts.append(
-                f'<rect x="{x:.1f}" y="{top + plot_h - bar_h:.1f}" width="{slot * 0.8:.1f}" height="{bar_h:.1f}" class="bar">'
-                f"<title>{escape(label)}: {escape(value_label(value))}</title></rect>"
+                f'<rect x="{x:.1f}" y="{top + plot_h - bar_h:.1f}" width="{slot * 0.8:.1f}" height="{bar_h:.1f}" '
+                f'class="bar{"" if value > 0 else " zero"}"><title>{escape(label)}: {escape(value_label(value))}</title></rect>'
             )
         if i % label_every == 0:
             parts.append(

@@ -285,3 +285,11 @@ def test_a_chart_shows_a_huge_count_in_full_and_leaves_its_label_room():
     assert "<title>Mar 04: 1234567</title>" in svg  # not 1.23457e+06
     tick_x = int(re.search(r'<text x="(\d+)" y="32" class="tick" text-anchor="end">1234567</text>', svg).group(1))
     assert tick_x >= 7 * 6  # seven digits of about 6px each end at the tick: none cut off at x = 0
+
+
+def test_a_measured_zero_draws_a_stub_and_no_data_draws_nothing():
+    # 0% right on a day with reviews is a figure; a day without reviews has none: they must not look alike.
+    svg = str(bar_chart([("Mar 04", 0.0), ("Mar 05", None), ("Mar 06", 50.0)], title="Accuracy", max_value=100))
+    rects = re.findall(r'<rect [^>]*height="([\d.]+)" class="([^"]+)"><title>([^<]+)</title>', svg)
+    plot_h = 220 - 28 - 36  # the chart's height less its top and bottom margins
+    assert rects == [("2.0", "bar zero", "Mar 04: 0"), (f"{plot_h / 2:.1f}", "bar", "Mar 06: 50")]
