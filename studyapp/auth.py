@@ -94,15 +94,19 @@ class TokenStore:
     def __init__(self, path: str, random_bytes: Callable[[int], bytes]):
         self.path = path
         self.random_bytes = random_bytes
-        self._cached: tuple[tuple[int, int], str] | None = None
+        self._cached: tuple[tuple[int, int], str | None] | None = None
 
     def ensure(self) -> tuple[str, bool]:
-        """(the token, whether it was just made). Made once, owner-only, never overwritten here."""
+        """(the token, whether it was just made). Made once, owner-only, never overwritten here but when empty."""
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         except FileExistsError:
             os.chmod(self.path, 0o600)  # tighten a copy restored with looser permissions
-            return self.current(), False
+            existing = self.current()
+            if existing is not None:
+                return existing, False
+            # Empty: a first start cut off (or a full disk) between creating the file and writing it.
+            return self.rotate(), True
         token = make_token(self.random_bytes)
         with os.fdopen(fd, "w", encoding="ascii") as out:
             out.write(token + "\n")
@@ -122,13 +126,14 @@ class TokenStore:
         key = (stat.st_ino, stat.st_mtime_ns)
         if self._cached is None or self._cached[0] != key:
             with open(self.path, encoding="ascii") as existing:
-                self._cached = (key, existing.read().strip())
+                self._cached = (key, existing.read().strip() or None)  # empty is no token, never the token ""
         return self._cached[1]
 
 
-def fingerprint(token: str, secret_key: str) -> str:
+def fingerprint(token: str, secret_key: str | bytes) -> str:
     """What a session keeps of the token it logged in with: not the token, and useless without it."""
-    return hmac.new(secret_key.encode(), b"login:" + token.encode(), hashlib.sha256).hexdigest()
+    key = secret_key.encode() if isinstance(secret_key, str) else secret_key  # Flask takes either, os.urandom's too
+    return hmac.new(key, b"login:" + token.encode(), hashlib.sha256).hexdigest()
 
 
 # --- Addresses --------------------------------------------------------------------------
@@ -364,7 +369,10 @@ def init_app(app: Flask) -> None:
     app.context_processor(lambda: {"login_required": login_required()})
 
 
-REDACT = re.compile(r"(token=)[^&\s\"]*")
+# The field werkzeug reads as `token` however it is spelled (`%74oken=` logs in too), in any case
+# (`Token=` does not log in, but it is still the token), and inside an encoded `next` (`token%3D`).
+_TOKEN_NAME = "".join(f"(?:{c}|%{ord(c):x}|%{ord(c.upper()):x})" for c in "token")
+REDACT = re.compile(rf"({_TOKEN_NAME}(?:=|%3d))[^&\s\"]*", re.IGNORECASE)
 
 
 def redact(text: str) -> str:

@@ -161,6 +161,20 @@ def test_the_token_file_is_owner_only_and_git_ignored(app):
     assert ignored.returncode == 0, "instance/login_token must be git-ignored"
 
 
+def test_an_empty_token_file_is_replaced_never_taken_as_the_empty_token(app_config, tmp_path):
+    # A first start cut off (or a full disk) between creating the file and writing the token.
+    instance = tmp_path / "cut-off"
+    instance.mkdir()
+    (instance / auth.TOKEN_FILE).write_text("")
+    app = create_app(app_config, instance_path=str(instance))
+    client = app.test_client()
+    assert client.get("/login?token=").status_code == 401, "the empty token logs nobody in"
+    assert client.get("/").status_code == 302
+    assert token_of(app) == "01" * auth.TOKEN_BYTES, "a new token, from the first injected randomness"
+    assert client.get(f"/login?token={'01' * auth.TOKEN_BYTES}").status_code == 303
+    assert client.get("/static/keys.js").status_code == 200
+
+
 def test_rotation_ends_every_session_and_only_the_new_token_logs_in(app, runner):
     old = token_of(app)
     phone, desk = logged_in_client(app, "10.0.0.2"), logged_in_client(app, "10.0.0.3")
@@ -187,6 +201,14 @@ def test_a_session_from_another_install_is_not_logged_in(app, tmp_path, app_conf
     visitor = app.test_client()
     visitor.set_cookie("session", stolen)
     assert visitor.get("/").status_code == 302
+
+
+def test_a_bytes_secret_key_logs_in_as_a_text_one_does(app_config, tmp_path):
+    # Flask takes SECRET_KEY = os.urandom(24) in instance/config.py; the login fingerprint must too.
+    app = create_app({**app_config, "SECRET_KEY": bytes(range(24))}, instance_path=str(tmp_path / "bytes-key"))
+    client = app.test_client()
+    assert client.get(f"/login?token={token_of(app)}").status_code == 303
+    assert client.get("/static/keys.js").status_code == 200, "logged in"
 
 
 # --- Brute force -------------------------------------------------------------------------------
@@ -342,4 +364,21 @@ def test_the_login_line_carries_the_url_and_the_lan_addresses():
 def test_the_access_log_never_shows_the_token():
     line = '"GET /login?token=0123abcd&next=/stats HTTP/1.1" 303 -'
     assert auth.redact(line) == '"GET /login?token=[redacted]&next=/stats HTTP/1.1" 303 -'
+    # Spellings werkzeug also reads as the token field, a case that does not log in, and the token
+    # inside an encoded `next`: each keeps its key and loses its value.
+    for key in ("%74oken", "tok%65n", "%54%4F%4b%45%6e", "Token", "TOKEN"):
+        assert auth.redact(f"GET /login?{key}=0123abcd&next=/ HTTP/1.1") == f"GET /login?{key}=[redacted]&next=/ HTTP/1.1"
+    assert auth.redact("GET /login?next=/stats?token%3D0123abcd HTTP/1.1") == "GET /login?next=/stats?token%3D[redacted] HTTP/1.1"
     assert os.path.basename(auth.TOKEN_FILE) == auth.TOKEN_FILE
+
+
+def test_an_encoded_token_field_logs_in_and_never_reaches_the_access_log(app, tmp_path):
+    from studyapp.cli.serve import AccessLog  # the web app's serve command, no server started
+
+    logged = tmp_path / "access.log"
+    with logged.open("w") as stream:
+        app.wsgi_app = AccessLog(app.wsgi_app, stream=stream)
+        response = app.test_client().get(f"/login?%74oken={token_of(app)}&next=/stats")
+    assert response.status_code == 303 and response.headers["Location"] == "/stats", "werkzeug decodes the key"
+    line = logged.read_text()
+    assert "%74oken=[redacted]&next=/stats" in line and token_of(app) not in line
