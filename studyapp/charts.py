@@ -7,7 +7,6 @@ from datetime import date
 
 from markupsafe import Markup, escape
 
-
 ZERO_STUB = 2  # px: the height a measured zero is drawn at
 
 

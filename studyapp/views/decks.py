@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from flask import Blueprint, abort, render_template
-from sqlmodel import select
+from sqlmodel import func, select
 
 from sharding_lab.catalog import lab_info
 from studyapp.db import get_session
@@ -12,6 +12,7 @@ from studyapp.views import clock
 from studyapp.views.exports import available_exports
 from studyapp.views.forms import known_slug
 from studyapp.views.labs import card_lab
+from studyapp.views.paging import requested_page
 
 bp = Blueprint("decks", __name__)
 
@@ -22,11 +23,16 @@ def deck(deck_id: str):
     found = session.get(Deck, known_slug(deck_id, "deck"))
     if found is None:
         abort(404, description=f"There is no deck '{deck_id[:60]}'.")
-    cards = session.exec(select(Card).where(Card.deck_id == deck_id).order_by(Card.retired, Card.position)).all()
+    in_deck = Card.deck_id == deck_id
+    page = requested_page(session.exec(select(func.count()).select_from(Card).where(in_deck)).one())
+    cards = session.exec(
+        select(Card).where(in_deck).order_by(Card.retired, Card.position).offset(page.offset).limit(page.size)
+    ).all()
     return render_template(
         "decks/deck.html",
         deck=found,
         cards=cards,
+        page=page,
         today=clock.today(),
         lab_info=lab_info,
         exports=available_exports(),

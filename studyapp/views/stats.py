@@ -20,6 +20,7 @@ from studyapp.charts import bar_chart, calendar_chart
 from studyapp.db import get_session
 from studyapp.models import Card, ReviewLog
 from studyapp.views import clock
+from studyapp.views.paging import requested_page
 
 bp = Blueprint("stats", __name__, url_prefix="/stats")
 
@@ -164,12 +165,19 @@ def tag(tag: str):
     today = clock.today()
     # A prefix of the quoted tag narrows as well; SQLite refuses a LIKE pattern over 50,000 bytes.
     needle = f'"{tag}"'[:TAG_LIKE_MAX]
+    # Weakest first (new cards last), in bank order among equals: ordered on the few columns it needs,
+    # then only the page's cards are loaded whole.
     candidates = session.exec(
-        select(Card).where(Card.retired.is_(False), cast(Card.tags, String).contains(needle)).order_by(Card.position)
+        select(Card.id, Card.tags, Card.due_day, Card.easiness)
+        .where(Card.retired.is_(False), cast(Card.tags, String).contains(needle)).order_by(Card.position)
     ).all()
-    cards = [card for card in candidates if tag in card.tags]
-    if not cards:
+    ranked = [row.id for row in sorted((row for row in candidates if tag in row.tags),
+                                       key=lambda row: (row.due_day is None, row.easiness))]
+    if not ranked:
         abort(404, description=f"No card is tagged '{tag}'.")
+    page = requested_page(len(ranked))
+    shown = page.slice(ranked)
+    by_id = {card.id: card for card in session.exec(select(Card).where(Card.id.in_(shown))).all()}
     topic = next((t for t in stats.mastery(session, today, MASTERY_DAYS) if t.kind == "tag" and t.name == tag), None)
-    return render_template("stats/tag.html", tag=tag, cards=sorted(cards, key=lambda c: (c.is_new, c.easiness)),
+    return render_template("stats/tag.html", tag=tag, cards=[by_id[card_id] for card_id in shown], page=page,
                            topic=topic, today=today, lab_info=lab_info, percent=percent, mastery_days=MASTERY_DAYS)
