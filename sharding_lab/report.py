@@ -260,8 +260,14 @@ def render_measurement(m: Measurement, console: Console | None = None) -> None:
 def paper_lines(by_strategy: dict[str, Measurement]) -> list[str]:
     """What the ZeRO paper's figures count, and where PyTorch's implementation (the engine's) departs from
     them for each strategy: the text beside a table that shows those figures."""
-    lines = [f"The ZeRO paper's model, derived for this run: {accounting}."
-             for accounting in dict.fromkeys(m.predicted.accounting for m in by_strategy.values())]
+    sharing: dict[str, list[str]] = {}
+    for name, m in by_strategy.items():
+        sharing.setdefault(m.predicted.accounting, []).append(name)
+    # One accounting holds for every column; where they differ (compare --replicas runs DDP's strategies
+    # without HSDP), each line names the columns it holds for.
+    lines = [f"The ZeRO paper's model, derived for "
+             f"{'this run' if len(sharing) == 1 else ', '.join(names)}: {accounting}."
+             for accounting, names in sharing.items()]
     return lines + [f"{name}, where PyTorch differs from the paper: {m.predicted.differences}"
                     for name, m in by_strategy.items() if m.predicted.differences]
 
@@ -270,8 +276,13 @@ def _print_footer(m: Measurement, console: Console) -> None:
     predicted_comm = m.predicted.communication_bytes_per_step
     line = f"step time {step_time_text(m)}; bytes per step {human_bytes(m.comm.bytes_per_step)}"
     if predicted_comm:  # like with like: the paper counts an all-reduce twice (a reduce-scatter and an all-gather)
+        # Ψ counts elements, so "3Ψ = S" names one element size: fp32's 4 B, or each collective's where they
+        # differ (bf16 all-gathers beside fp32 reductions: 3Ψ is then neither 3Ψ x 2 B nor 3Ψ x 4 B).
+        sizes = "" if predicted_comm["bytes"] == 4 * predicted_comm["elements"] else " ({} per element)".format(
+            ", ".join(dict.fromkeys(f"{c['op']} {c['bytes'] // c['elements']} B"
+                                    for c in predicted_comm.get("collectives", ()) if c["elements"])))
         line += (f"; counted as the ZeRO paper counts (an all-reduce twice) {human_bytes(m.comm.bytes_per_step_paper)}, "
-                 f"against its {predicted_comm['multiple_of_params']}Ψ = {human_bytes(predicted_comm['bytes'])}")
+                 f"against its {predicted_comm['multiple_of_params']}Ψ{sizes} = {human_bytes(predicted_comm['bytes'])}")
     console.print(line)
     for allocator_line in allocator_lines(m):
         console.print(allocator_line)

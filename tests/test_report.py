@@ -148,3 +148,87 @@ def test_the_footer_counts_bytes_as_the_paper_does_before_setting_them_beside_it
     footer = [line for line in console.export_text().splitlines() if line.startswith("step time")][0]
     assert footer.endswith("bytes per step 234.8 KiB; counted as the ZeRO paper counts (an all-reduce twice) "
                            "469.5 KiB, against its 2Ψ = 469.5 KiB")
+
+
+# tiny (n_embd 32, vocab 128, block_size 32, 4 blocks): Ψ = 2 x 4,096 + 1,024 + 64 + 4 x 12,704 = 60,096;
+# the root unit (wte, wpe, ln_f, lm_head) 9,280 elements and each block 12,704.
+TINY_PSI, TINY_ROOT, TINY_BLOCK = 60_096, 9_280, 12_704
+
+
+def _measured(config, collectives: list[tuple[str, str, str, int, str]]):
+    """A 2-rank measurement of `config` as the engine's parent assembles one (its prediction included), from
+    hand-written collectives (op, phase, module, bytes, dtype) and zero3's hand-derived fp32 model states."""
+    from sharding_lab.engine.measure import _combine
+    from sharding_lab.run_config import Placement, PlacementChoice
+
+    shard = TINY_PSI // 2
+    rank = {
+        "params_bytes": 4 * shard, "grads_bytes": 4 * shard, "optimizer_bytes": 8 * shard,
+        "model_states_bytes": 16 * shard, "optimizer_scalar_bytes": 212, "padding_elements": 0, "padding_bytes": 0,
+        "peak_bytes": 0, "persistent_bytes": 0, "categories": {}, "category_peaks": {},
+        "unsharded_params_peak_bytes": 0, "unsharded_params_after_forward_bytes": 0, "cuda_max_memory_allocated": None,
+    }
+    comm = [{"seq": i, "op": op, "phase": phase, "module": module, "prefetch": False, "bytes": size,
+             "wire_bytes_derived": size // 2, "dtype": dtype, "group_size": 2, "mesh_dim": "dp"}
+            for i, (op, phase, module, size, dtype) in enumerate(collectives)]
+    result = {
+        "config": {"backend": "gloo", "device": "cpu", "torch_version": "2.13.0", "num_params": TINY_PSI,
+                   "padded_num_params": TINY_PSI, "n_blocks": 4, "model": {}, "seq_len": 32},
+        "comm": {"collectives": comm, "timeline": []}, "step_time_s": 0.01, "loss": 4.0,
+        "gradient_parity": None, "overlap": None,
+    }
+    ranks = [{**result, "memory": {"rank": r, **rank}} for r in range(2)]
+    return _combine(config, PlacementChoice(Placement.RANKS, ""), ranks)
+
+
+def _zero3_step(gathered_bytes: int) -> list[tuple[str, str, str, int, str]]:
+    """zero3's step on tiny: the root and 4 blocks gathered in forward, the blocks again in backward, every
+    unit reduce-scattered in fp32; parameters gathered at `gathered_bytes` per element."""
+    dtype = "bfloat16" if gathered_bytes == 2 else "float32"
+    blocks = [f"blocks.{i}" for i in range(4)]
+    return (
+        [("all_gather", "forward", "root", gathered_bytes * TINY_ROOT, dtype)]
+        + [("all_gather", "forward", b, gathered_bytes * TINY_BLOCK, dtype) for b in blocks]
+        + [("all_gather", "backward", b, gathered_bytes * TINY_BLOCK, dtype) for b in reversed(blocks)]
+        + [("reduce_scatter", "backward", b, 4 * TINY_BLOCK, "float32") for b in reversed(blocks)]
+        + [("reduce_scatter", "backward", "root", 4 * TINY_ROOT, "float32")]
+    )
+
+
+def _footer(m) -> str:
+    console = Console(record=True, width=400)
+    render_measurement(m, console)
+    return next(line for line in console.export_text().splitlines() if line.startswith("step time"))
+
+
+def test_under_mixed_precision_the_footer_gives_the_element_sizes_behind_the_papers_3_psi():
+    from sharding_lab.run_config import RunConfig
+
+    # bf16 all-gathers: (9,280 + 8 x 12,704) x 2 B = 221,824 B; fp32 reduce-scatters 60,096 x 4 B = 240,384 B;
+    # 462,208 B = 451.4 KiB. The paper's 3Ψ in this run's sizes: 2 x 60,096 x 2 B + 60,096 x 4 B = 480,768 B
+    # = 469.5 KiB, which is neither 3Ψ at 4 B (704.2 KiB) nor at 2 B (352.1 KiB): the line must say so.
+    bf16 = _measured(RunConfig.of("zero3", world_size=2, mixed_precision=True), _zero3_step(2))
+    assert _footer(bf16).endswith(
+        "bytes per step 451.4 KiB; counted as the ZeRO paper counts (an all-reduce twice) 451.4 KiB, against "
+        "its 3Ψ (all_gather 2 B, reduce_scatter 4 B per element) = 469.5 KiB")
+    # fp32: 3Ψ = 3 x 60,096 x 4 B = 721,152 B = 704.2 KiB, one element size, as Ψ's own.
+    fp32 = _measured(RunConfig.of("zero3", world_size=2), _zero3_step(4))
+    assert _footer(fp32).endswith("against its 3Ψ = 704.2 KiB")
+
+
+def test_paper_lines_name_the_strategies_each_accounting_holds_for_when_they_differ():
+    from sharding_lab.report import paper_lines
+    from sharding_lab.run_config import RunConfig
+
+    # compare --world-size 4 --replicas 2: DDP's strategies run without HSDP, so their accounting has no HSDP.
+    ddp = _measured(RunConfig.of("ddp", world_size=2), [("all_reduce", "backward", "root", 4 * TINY_PSI, "float32")])
+    hsdp = _measured(RunConfig.of("zero3", world_size=4, replicas=2), _zero3_step(4))
+    fp32 = ("model states: fp32 Adam (4+4+8 bytes per parameter), FSDP padding included for zero2/zero3; "
+            "communication: the paper's collectives, fp32 on the wire")
+    lines = paper_lines({"ddp": ddp, "zero3": hsdp})
+    assert lines[:2] == [
+        f"The ZeRO paper's model, derived for ddp: {fp32}.",
+        f"The ZeRO paper's model, derived for zero3: {fp32}; HSDP: those collectives within a shard group of 2, "
+        "plus an all-reduce of each rank's gradient shard across 2 replicas (not in these figures).",
+    ]
+    assert paper_lines({"ddp": ddp})[0] == f"The ZeRO paper's model, derived for this run: {fp32}."

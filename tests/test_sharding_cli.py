@@ -312,3 +312,39 @@ def test_compare_with_mixed_precision_on_cpu_compares_what_can_run_and_says_what
     assert list(strategies) == ["zero2", "zero3"]  # DDP's mixed precision needs CUDA
     assert all(m["config"]["mixed_precision"] for m in strategies.values())
     assert "ddp, zero1 left out: DDP's mixed precision needs CUDA" in captured.err
+
+
+def test_a_reshard_override_is_what_the_prediction_says_differs_from_the_paper():
+    from sharding_lab.engine.measure import _predicted
+    from sharding_lab.run_config import RunConfig
+
+    psi = 60_096  # tiny: nothing padded at 2 ranks
+
+    def predicted(strategy: str, **options) -> dict:
+        return _predicted(RunConfig.of(strategy, world_size=2, **options), psi, psi)
+
+    # Measured on tiny at 2 ranks: zero3 --no-reshard-after-forward all-gathers 5 units in forward and none in
+    # backward (240,384 B, 2Ψ x 4 B with its reduce-scatters), so the text may not say it re-gathers the blocks.
+    off = predicted("zero3", reshard_after_forward=False)
+    assert "backward all-gathers nothing" in off["differences"] and "blocks only" not in off["differences"]
+    assert off["communication_bytes_per_step"]["bytes"] == 3 * psi * 4  # the paper's stage 3 stays its figure
+    # zero2 --reshard-after-forward all-gathers the 4 blocks again in backward (9 all-gathers, 443,648 B).
+    on = predicted("zero2", reshard_after_forward=True)
+    assert "all-gathers them again in backward" in on["differences"]
+    assert "reshard_after_forward=False" not in on["differences"]
+    assert predicted("zero3")["differences"].startswith("FSDP2 does not reshard the root after forward")
+    assert predicted("zero3", reshard_after_forward=True)["differences"] == predicted("zero3")["differences"]
+
+
+def test_under_gradient_accumulation_fsdps_prediction_says_it_counts_one_micro_batchs_all_gathers():
+    from sharding_lab.engine.measure import _predicted
+    from sharding_lab.run_config import RunConfig
+
+    # Measured on tiny at 2 ranks with 2 micro-batches: zero3 18 all-gathers (2 x 9), zero2 10 (2 x 5), 5
+    # reduce-scatters each; DDP one all-reduce. The paper's figure counts one forward and backward.
+    for strategy in ("zero2", "zero3"):
+        accounting = _predicted(RunConfig.of(strategy, world_size=2, grad_accum_steps=2), 60_096, 60_096)["accounting"]
+        assert accounting.endswith("; per optimizer step of 2 micro-batches (gradients sync once), but with one "
+                                   "forward and backward's all-gathers: FSDP2 all-gathers for each of the 2 micro-batches")
+    ddp = _predicted(RunConfig.of("ddp", world_size=2, grad_accum_steps=2), 60_096, 60_096)["accounting"]
+    assert ddp.endswith("; per optimizer step of 2 micro-batches (gradients sync once)")

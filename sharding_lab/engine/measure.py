@@ -171,12 +171,35 @@ def _predicted(config: RunConfig, num_params: int, padded_num_params: int) -> di
         )
     if config.grad_accum_steps > 1:
         accounting += f"; per optimizer step of {config.grad_accum_steps} micro-batches (gradients sync once)"
+        if strategy.fully_sharded:  # FSDP2 reshards after each micro-batch's backward and gathers again
+            accounting += (f", but with one forward and backward's all-gathers: FSDP2 all-gathers for each of "
+                           f"the {config.grad_accum_steps} micro-batches")
+    differences = strategy.known_differences
+    if strategy.fully_sharded and config.reshard_after_forward != strategy.default_reshard_after_forward:
+        # The strategy's text describes its own reshard-after-forward; an override changes what backward gathers.
+        differences = RESHARD_OVERRIDDEN[config.reshard_after_forward]
     return {
         "model_states_bytes_per_rank": states,
         "communication_bytes_per_step": communication,
         "accounting": accounting,
-        "differences": strategy.known_differences,
+        "differences": differences,
     }
+
+
+# Where PyTorch differs from the paper when --[no-]reshard-after-forward overrides the strategy's choice
+# (the blocks'; FSDP2's root is never resharded after forward), by the blocks' reshard-after-forward.
+RESHARD_OVERRIDDEN: dict[bool, str] = {
+    False: (
+        "reshard_after_forward is off here: every unit stays gathered from its forward to its backward, so "
+        "backward all-gathers nothing: the step moves 2Ψ (plus FSDP's padding), not the paper's stage-3 3Ψ. "
+        "Parameters are still sharded between steps."
+    ),
+    True: (
+        "reshard_after_forward is on here: FSDP2 keeps only a parameter shard between steps (stage 3's params "
+        "bytes), frees the blocks' parameters after their forward and all-gathers them again in backward (not "
+        "the root's): more than the paper's stage-2 2Ψ, by the blocks' parameters."
+    ),
+}
 
 
 def _measure_on_rank(ctx: RankContext, configs: list[RunConfig]) -> list[dict]:
