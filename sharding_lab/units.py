@@ -8,8 +8,9 @@ def human_bytes(value: float | None) -> str:
     if value is None:
         return "-"
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        shown = round(value) if unit == "B" else round(value, 1)  # as printed: 1023.97 KiB is 1.0 MiB
+        if abs(shown) < 1024 or unit == "TiB":
+            return f"{shown:.0f} {unit}" if unit == "B" else f"{shown:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
 

@@ -420,3 +420,10 @@ def test_a_real_simulation_by_the_worker_matches_the_cli(app_config, tmp_path, c
     assert (f'id="filing-zero3">zero3: the categories differ only in filing: {moved / 1e3:.2f} kB of unsharded '
             "gradients") in html.unescape(text)
     assert Strategy.ZERO2 in run.result["simulations"]  # every strategy it can simulate, in one job
+
+
+def test_decimal_bytes_round_as_printed():
+    from studyapp.views.plan import decimal_bytes
+
+    assert [decimal_bytes(v) for v in (999, 1_000, 994_999, 999_996, 12_712_122_648)] == [
+        "999 B", "1.00 kB", "995.00 kB", "1.00 MB", "12.71 GB"]  # 999,996 B was "1000.00 kB"

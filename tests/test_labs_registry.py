@@ -128,6 +128,9 @@ def test_human_bytes():
     assert units.human_bytes(1536) == "1.5 KiB"
     assert units.human_bytes(3 * 1024**3) == "3.0 GiB"
     assert units.human_bytes(None) == "-"
+    # Rounded as printed: a value just under a unit reads as that unit, never "1024.0 KiB".
+    assert units.human_bytes(1024**2 - 1) == "1.0 MiB" and units.human_bytes(1023.6) == "1.0 KiB"
+    assert units.human_bytes(1024**2 - 52) == "1023.9 KiB"  # 1,048,524 / 1024 = 1023.949...
 
 
 def test_a_table_reads_back_from_its_json_and_refuses_what_is_not_one():

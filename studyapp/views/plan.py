@@ -288,10 +288,12 @@ def decimal_bytes(value: int | float | None) -> str:
     """Bytes in the GPU's decimal units (an 80 GB GPU holds 80e9 bytes): 12712122648 -> '12.71 GB'."""
     if value is None:
         return "–"
+    if abs(value) < 1e3:
+        return f"{value:.0f} B"
     for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(value) >= scale:
+        if round(abs(value) / scale, 2) >= 1:  # as printed: 999,996 bytes are "1.00 MB", not "1000.00 kB"
             return f"{value / scale:.2f} {unit}"
-    return f"{value:.0f} B"
+    raise AssertionError("unreachable: kB takes every value from 1,000")
 
 
 def _simulation_state(inputs: Inputs) -> dict[str, Any]:
