@@ -123,6 +123,11 @@ def run_compare(args: argparse.Namespace) -> int:
         print(f"sharding-lab: {', '.join(map(str, left_out))} left out: DDP's mixed precision needs CUDA "
               f"(its CUDA events); comparing {', '.join(map(str, strategies))}", file=sys.stderr)
     runs = [_run_config(args, strategy, fsdp_options_only_where_they_apply=True) for strategy in strategies]
+    fsdp_only = [flag for flag, given in (("--cpu-offload", args.cpu_offload), ("--replicas", args.replicas > 1)) if given]
+    without = [str(run.strategy) for run in runs if not run.strategy.fully_sharded]
+    if fsdp_only and without:
+        print(f"sharding-lab: {', '.join(without)} run without {' and '.join(fsdp_only)}: FSDP2's options, which DDP "
+              "cannot take", file=sys.stderr)
     names = ", ".join(map(str, strategies))
     measurements = _measure(runs, args, f"measuring {names} on {args.world_size} ranks")
     if measurements[0] is None:

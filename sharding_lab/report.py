@@ -179,16 +179,7 @@ def _title(m: Measurement) -> str:
     if c.strategy.fully_sharded:
         extras.append(f"reshard after forward {'on' if c.reshard_after_forward else 'off'}")
         extras.append(f"prefetch {'on' if c.prefetch else 'off'}")
-    if c.mixed_precision:
-        extras.append("bf16 params, fp32 reduce")
-    if c.activation_checkpointing:
-        extras.append("activation checkpointing")
-    if c.cpu_offload:
-        extras.append("CPU offload" + (" (the device is the host: nothing moves)" if c.device == "cpu" else ""))
-    if c.replicas > 1:
-        extras.append(f"HSDP {c.replicas} replicas x {c.world_size // c.replicas} shards")
-    if c.grad_accum_steps > 1:
-        extras.append(f"{c.grad_accum_steps} micro-batches per step")
+    extras += _option_phrases([c])
     tied = " with a tied head" if c.model.get("tied") else ""
     return (
         f"{c.strategy} on {c.world_size} rank{'s' if c.world_size != 1 else ''} ({c.backend}, {c.device}), {c.size}{tied}: "
@@ -310,13 +301,37 @@ def step_time_text(m: Measurement) -> str:
     return text + " (rank view: collectives answered without moving data)" if m.config.placement == "rank-view" else text
 
 
+def _option_phrases(configs: list) -> list[str]:
+    """The options the runs were measured with, as title phrases; one that only some of them took (compare
+    gives FSDP2's CPU offload and HSDP to the FSDP strategies only) names those."""
+
+    def took(phrase: str, applies) -> list[str]:
+        names = [str(c.strategy) for c in configs if applies(c)]
+        if not names:
+            return []
+        return [phrase if len(names) == len(configs) or len(configs) == 1 else f"{phrase} for {', '.join(names)}"]
+
+    c = configs[0]
+    return [
+        *took("bf16 params, fp32 reduce", lambda c: c.mixed_precision),
+        *took("activation checkpointing", lambda c: c.activation_checkpointing),
+        *took("CPU offload" + (" (the device is the host: nothing moves)" if c.device == "cpu" else ""),
+              lambda c: c.cpu_offload),
+        *took(f"HSDP {c.replicas} replicas x {c.world_size // c.replicas} shards", lambda c: c.replicas > 1),
+        *took(f"{c.grad_accum_steps} micro-batches per step", lambda c: c.grad_accum_steps > 1),
+    ]
+
+
 def render_comparison(by_strategy: dict[str, Measurement], console: Console | None = None) -> None:
     console = console or Console()
-    first = next(iter(by_strategy.values())).config
+    configs = [m.config for m in by_strategy.values()]
+    first = configs[0]
+    options = "".join(f", {phrase}" for phrase in _option_phrases(configs))
     table = Table(
         title=f"Strategies side by side: {first.size} ({first.num_params:,} params), "
         f"micro-batch {first.batch_size_per_rank} x seq {first.seq_len}, "
-        f"{first.world_size} rank{'s' if first.world_size != 1 else ''}, {first.backend}; rank 0, measured (predicted by the ZeRO paper's model)"
+        f"{first.world_size} rank{'s' if first.world_size != 1 else ''}, {first.backend}{options}; rank 0, measured "
+        "(predicted by the ZeRO paper's model)"
     )
     table.add_column("")
     for strategy in by_strategy:

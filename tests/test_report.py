@@ -232,3 +232,19 @@ def test_paper_lines_name_the_strategies_each_accounting_holds_for_when_they_dif
         "plus an all-reduce of each rank's gradient shard across 2 replicas (not in these figures).",
     ]
     assert paper_lines({"ddp": ddp})[0] == f"The ZeRO paper's model, derived for this run: {fp32}."
+
+
+def test_the_comparison_title_says_which_options_each_strategy_took():
+    from sharding_lab.run_config import RunConfig
+
+    # compare --cpu-offload --grad-accum 2: every strategy accumulates, only the FSDP ones offload.
+    ddp = _measured(RunConfig.of("ddp", world_size=2, grad_accum_steps=2),
+                    [("all_reduce", "backward", "root", 4 * TINY_PSI, "float32")])
+    zero3 = _measured(RunConfig.of("zero3", world_size=2, grad_accum_steps=2, cpu_offload=True), _zero3_step(4))
+    console = Console(record=True, width=400)
+    render_comparison({"ddp": ddp, "zero3": zero3}, console)
+    text = console.export_text()
+    title = " ".join(text[:text.index("┏")].split())  # rich wraps a title to its table's width
+    assert title == ("Strategies side by side: tiny (60,096 params), micro-batch 2 x seq 32, 2 ranks, gloo, CPU "
+                     "offload (the device is the host: nothing moves) for zero3, 2 micro-batches per step; rank 0, "
+                     "measured (predicted by the ZeRO paper's model)")

@@ -314,6 +314,16 @@ def test_compare_with_mixed_precision_on_cpu_compares_what_can_run_and_says_what
     assert "ddp, zero1 left out: DDP's mixed precision needs CUDA" in captured.err
 
 
+@pytest.mark.slow
+def test_compare_with_cpu_offload_gives_it_to_fsdp_and_says_ddp_ran_without(capsys):
+    assert cli.main(["compare", "--world-size", "2", "--cpu-offload", "--json"]) == 0
+    captured = capsys.readouterr()
+    strategies = json.loads(captured.out)["strategies"]
+    assert {name: m["config"]["cpu_offload"] for name, m in strategies.items()} == {
+        "ddp": False, "zero1": False, "zero2": True, "zero3": True}
+    assert "ddp, zero1 run without --cpu-offload: FSDP2's options, which DDP cannot take" in captured.err
+
+
 def test_a_reshard_override_is_what_the_prediction_says_differs_from_the_paper():
     from sharding_lab.engine.measure import _predicted
     from sharding_lab.run_config import RunConfig
