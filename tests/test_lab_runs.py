@@ -609,5 +609,5 @@ def test_a_cuda_run_passes_its_device_to_the_lab_and_the_page_names_the_gpu(clie
     assert body["status"] == "done", body.get("error")
     assert body["result"]["config"]["device"] == "cuda:0" and body["result"]["config"]["gpu_name"] == "Fake GPU"
     page = client.get(f"/labs/{LAB}").get_data(as_text=True)
-    assert "2 ranks, cuda:0 (Fake GPU), torch fake, CUDA 13.0</span>" in page  # the latest result
+    assert "measured on cuda:0 (Fake GPU), world size 2, torch fake, CUDA 13.0</span>" in page  # the latest result
     assert "<td>cuda (Fake GPU, CUDA 13.0)</td>" in page  # the past runs
