@@ -8,6 +8,8 @@ tests/test_sharding_pool.py, test_lab_runs' real-lab test and the last test here
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -146,3 +148,38 @@ def test_the_real_lab_server_leaves_no_files_or_semaphores_when_stopped_or_timed
     assert "exited with status 143" in outcomes[0].error, "it unwound from SIGTERM, not SIGKILL"
     assert [path.name for path in temp.iterdir() if path.name.startswith("sharding-lab")] == []
     assert shared_semaphores() - semaphores == set()
+
+
+def rank_pids(server_pid: int) -> list[int]:
+    """The lab server's rank processes (its spawned children, not multiprocessing's resource tracker)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            command = (stat.parent / "cmdline").read_bytes().decode(errors="replace")
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == server_pid and "spawn_main" in command:
+            found.append(int(stat.parent.name))
+    return sorted(found)
+
+
+def test_a_hung_rank_in_the_real_lab_server_is_named_before_the_run_times_out(tmp_path, monkeypatch):
+    # `kill -STOP` on a warm rank: the server's own hang detection must answer (naming the rank) before
+    # the app's timeout stops the whole server, which says only that the time ran out.
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the server saves the hung rank's stack
+    server = LabServer(server_argv(idle_timeout_s=60, timeout_s=40))
+    try:
+        assert server.run(LAB, 2, timeout_s=240).status == RunStatus.done
+        pid, ranks = server.pid, rank_pids(server.pid)
+        assert len(ranks) == 2
+        os.kill(ranks[1], signal.SIGSTOP)
+        outcome = server.run(LAB, 2, timeout_s=40)
+        assert outcome.status == RunStatus.failed
+        assert "rank 1 failed: hung" in outcome.error, outcome.error
+        assert "Traceback" not in outcome.error
+        assert server.pid == pid, "the server answered, so it was not stopped"
+        wait_for(lambda: all(process_gone(rank) for rank in ranks), 10, "the hung pool's ranks gone")
+        assert server.run(LAB, 2, timeout_s=240).status == RunStatus.done, "a fresh pool"
+    finally:
+        server.stop()

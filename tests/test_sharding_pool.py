@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from test_sharding_launch import children_of_this_process, crash_in_rank_1, hang_in_rank_1, sum_of_ranks
@@ -62,6 +63,14 @@ def test_a_rank_killed_mid_run_ends_it_clearly_and_the_pool_is_rebuilt(before):
             pools.run(killed_in_rank_1_mid_run, 2, timeout_s=120)
         assert failure.value.rank == 1 and "signal 9" in failure.value.reason
         assert pools.pool(2) is None and new_children(before) == [], "torn down: every rank gone"
+        # Rank 1 left no traceback: the one saved is rank 0's, and the message says so.
+        message = failure.value.for_user()
+        saved = Path(message.rsplit(": ", 1)[1].rstrip(")"))
+        try:
+            assert "rank 0 then failed" in message and f"(rank 0's traceback: {saved})" in message, message
+            assert saved.name.startswith("sharding-lab-rank0-") and "killed_in_rank_1_mid_run" in saved.read_text()
+        finally:
+            saved.unlink()
         with pytest.raises(RankFailed, match="injected crash"):
             pools.run(crash_in_rank_1, 2, timeout_s=120)
         assert new_children(before) == []
@@ -159,3 +168,15 @@ def test_a_malformed_request_line_is_answered_with_what_to_send(line, says):
         answer = lab_server.answer(line, pools, 240)
         assert children_of_this_process() == before  # refused before any rank started
     assert says in answer["error"] and "Traceback" not in answer["error"]
+
+
+def test_a_hang_in_a_pool_warmed_with_the_same_timeout_names_the_hung_rank_not_its_peer(before):
+    # As in `serve-labs`, where every batch has the same timeout: the healthy rank waiting in the
+    # collective must not time out in gloo (and be blamed) before the hang check names rank 1.
+    with Pools(idle_timeout_s=None) as pools:
+        pools.run(pid_of, 2, timeout_s=15)
+        with pytest.raises(RankFailed) as failure:
+            pools.run(hang_in_rank_1, 2, timeout_s=15)
+        assert failure.value.rank == 1 and "hung" in failure.value.reason, failure.value
+        assert pools.pool(2) is None and new_children(before) == []
+    assert new_children(before) == []

@@ -52,13 +52,16 @@ SLOW_NOT_HUNG_S = 60.0
 
 class RankFailed(RuntimeError):
     """A rank raised, died or hung; the run was ended and every rank process stopped. `reason` says what
-    happened in a line or two; `details` holds the rank's traceback or Python stack, for a developer."""
+    happened in a line or two; `details` holds the rank's traceback or Python stack, for a developer
+    (`details_of`'s, when another rank's: a rank that died silently leaves only its peer's)."""
 
-    def __init__(self, rank: int, reason: str, details: str = "", details_name: str = "traceback"):
+    def __init__(self, rank: int, reason: str, details: str = "", details_name: str = "traceback",
+                 details_of: int | None = None):
         self.rank = rank
         self.reason = reason
         self.details = details
         self.details_name = details_name
+        self.details_of = rank if details_of is None else details_of
         super().__init__(f"rank {rank} failed: {reason}")
 
     def for_user(self) -> str:
@@ -68,12 +71,13 @@ class RankFailed(RuntimeError):
             return str(self)
         try:
             with tempfile.NamedTemporaryFile(
-                "w", prefix=f"sharding-lab-rank{self.rank}-", suffix=".txt", delete=False
+                "w", prefix=f"sharding-lab-rank{self.details_of}-", suffix=".txt", delete=False
             ) as file:
                 file.write(self.details + "\n")
         except OSError as error:
-            return f"{self} (rank {self.rank}'s {self.details_name} could not be saved: {error.strerror or error})"
-        return f"{self} (rank {self.rank}'s {self.details_name}: {file.name})"
+            return (f"{self} (rank {self.details_of}'s {self.details_name} could not be saved: "
+                    f"{error.strerror or error})")
+        return f"{self} (rank {self.details_of}'s {self.details_name}: {file.name})"
 
 
 def for_user(error: BaseException) -> str:
@@ -399,7 +403,7 @@ def _root_cause(processes, done: dict, errors: dict) -> RankFailed:
         reason = f"process died without reporting ({how})"
         if errors:
             peer, (summary, trace) = next(iter(errors.items()))
-            return RankFailed(rank, f"{reason}; rank {peer} then failed: {summary}", trace)
+            return RankFailed(rank, f"{reason}; rank {peer} then failed: {summary}", trace, details_of=peer)
         return RankFailed(rank, reason)
     rank, (summary, trace) = next(iter(errors.items()))
     return _raised(rank, summary, trace)

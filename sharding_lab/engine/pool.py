@@ -36,6 +36,9 @@ from sharding_lab.engine.launch import RankContext
 from sharding_lab.run_config import Placement
 
 IDLE_TIMEOUT_S = 300.0  # a pool holds one torch per rank in memory; five quiet minutes and it goes
+# A warm rank's collective starts with its batch, so a process group timing out with the batch raised
+# gloo's timeout in the healthy rank before the hang check named the rank that stopped: it outlasts it.
+GROUP_TIMEOUT_MARGIN_S = 30.0
 _STOP = None  # the task that ends a rank's loop
 
 
@@ -169,7 +172,7 @@ class Pools:
             pool = self._pools.get(key)
             if pool is None or not pool.started:
                 pool = self._pools[key] = RankPool(world_size, device=device, placement=placement,
-                                                   group_timeout_s=timeout_s)
+                                                   group_timeout_s=timeout_s + GROUP_TIMEOUT_MARGIN_S)
             try:
                 results = pool.run(fn, *args, timeout_s=timeout_s, on_progress=on_progress)
             except BaseException:

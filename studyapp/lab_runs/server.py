@@ -25,11 +25,17 @@ from sharding_lab.run_config import DEVICES  # no torch
 from studyapp.lab_runs.process import STDERR_TAIL_CHARS, Outcome, stop_group
 from studyapp.models import RunStatus
 
+# How much sooner than the run's timeout the server ends a hung lab itself: time to name the hung rank,
+# dump its stack and tear its pool down (about 4 s) before the app's own timeout stops the whole server.
+HANG_REPORT_S = 10.0
+
 
 def server_argv(idle_timeout_s: float, timeout_s: float) -> list[str]:
-    """`sharding-lab serve-labs` run by this very interpreter, so the child sees the same packages."""
+    """`sharding-lab serve-labs` run by this very interpreter, so the child sees the same packages.
+    Its own timeout comes first: at the same `timeout_s` a hang was always "timed out", naming no rank."""
+    inner_s = timeout_s - min(HANG_REPORT_S, timeout_s / 4)
     return [sys.executable, "-m", "sharding_lab.cli", "serve-labs",
-            "--idle-timeout", f"{idle_timeout_s:g}", "--timeout", f"{timeout_s:g}"]
+            "--idle-timeout", f"{idle_timeout_s:g}", "--timeout", f"{inner_s:g}"]
 
 
 class LabServer:
