@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
@@ -13,6 +14,9 @@ from sharding_lab.measurement import NO_NCCL_OVERLAP, Measurement, RankMemory
 from sharding_lab.planner import TRACKER_GRADIENT_FILING
 from sharding_lab.strategies import OPS, PHASES
 from sharding_lab.units import human_bytes
+
+if TYPE_CHECKING:
+    from sharding_lab.run_config import RunConfig
 
 # (label, RankMemory field, the part of the ZeRO paper's model (sharding_lab.analytic) to show beside it)
 _MEMORY_ROWS: tuple[tuple[str, str, str | None], ...] = (
@@ -301,24 +305,25 @@ def step_time_text(m: Measurement) -> str:
     return text + " (rank view: collectives answered without moving data)" if m.config.placement == "rank-view" else text
 
 
-def _option_phrases(configs: list) -> list[str]:
+def _option_phrases(configs: list[RunConfig]) -> list[str]:
     """The options the runs were measured with, as title phrases; one that only some of them took (compare
     gives FSDP2's CPU offload and HSDP to the FSDP strategies only) names those."""
 
-    def took(phrase: str, applies) -> list[str]:
-        names = [str(c.strategy) for c in configs if applies(c)]
-        if not names:
+    def took(applies: Callable[[RunConfig], bool], phrase: Callable[[RunConfig], str]) -> list[str]:
+        runs = [run for run in configs if applies(run)]
+        if not runs:
             return []
-        return [phrase if len(names) == len(configs) or len(configs) == 1 else f"{phrase} for {', '.join(names)}"]
+        names = "" if len(runs) == len(configs) else f" for {', '.join(str(run.strategy) for run in runs)}"
+        return [phrase(runs[0]) + names]  # from a run that took it: compare's DDP runs have no HSDP mesh
 
-    c = configs[0]
     return [
-        *took("bf16 params, fp32 reduce", lambda c: c.mixed_precision),
-        *took("activation checkpointing", lambda c: c.activation_checkpointing),
-        *took("CPU offload" + (" (the device is the host: nothing moves)" if c.device == "cpu" else ""),
-              lambda c: c.cpu_offload),
-        *took(f"HSDP {c.replicas} replicas x {c.world_size // c.replicas} shards", lambda c: c.replicas > 1),
-        *took(f"{c.grad_accum_steps} micro-batches per step", lambda c: c.grad_accum_steps > 1),
+        *took(lambda run: run.mixed_precision, lambda run: "bf16 params, fp32 reduce"),
+        *took(lambda run: run.activation_checkpointing, lambda run: "activation checkpointing"),
+        *took(lambda run: run.cpu_offload,
+              lambda run: "CPU offload" + (" (the device is the host: nothing moves)" if run.device == "cpu" else "")),
+        *took(lambda run: run.replicas > 1,
+              lambda run: f"HSDP {run.replicas} replicas x {run.world_size // run.replicas} shards"),
+        *took(lambda run: run.grad_accum_steps > 1, lambda run: f"{run.grad_accum_steps} micro-batches per step"),
     ]
 
 

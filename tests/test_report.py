@@ -248,3 +248,10 @@ def test_the_comparison_title_says_which_options_each_strategy_took():
     assert title == ("Strategies side by side: tiny (60,096 params), micro-batch 2 x seq 32, 2 ranks, gloo, CPU "
                      "offload (the device is the host: nothing moves) for zero3, 2 micro-batches per step; rank 0, "
                      "measured (predicted by the ZeRO paper's model)")
+    # compare --world-size 4 --replicas 2: the mesh named is zero3's (2 x 2), never ddp's (it has none).
+    ddp4 = _measured(RunConfig.of("ddp", world_size=4), [("all_reduce", "backward", "root", 4 * TINY_PSI, "float32")])
+    hsdp = _measured(RunConfig.of("zero3", world_size=4, replicas=2), _zero3_step(4))
+    console = Console(record=True, width=400)
+    render_comparison({"ddp": ddp4, "zero3": hsdp}, console)
+    text = console.export_text()
+    assert ", HSDP 2 replicas x 2 shards for zero3; rank 0" in " ".join(text[:text.index("┏")].split())
