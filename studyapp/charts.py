@@ -47,7 +47,7 @@ def bar_chart(
         x = left + i * slot + slot * 0.1
         if value is not None:
             # A measured zero (0% right that day) gets a stub on the axis, so it does not read as no data.
-            bar_h = plot_h * max(value, 0) / top_value if value > 0 else ZERO_STUB
+            bar_h = plot_h * value / top_value if value > 0 else ZERO_STUB
             parts.append(
                 f'<rect x="{x:.1f}" y="{top + plot_h - bar_h:.1f}" width="{slot * 0.8:.1f}" height="{bar_h:.1f}" '
                 f'class="bar{"" if value > 0 else " zero"}"><title>{escape(label)}: {escape(value_label(value))}</title></rect>'

@@ -70,7 +70,8 @@ def sync_decks(session: Session, bank: list[BankDeck], *, whole_bank: bool = Tru
     decks = {deck.id: deck for deck in session.exec(select(Deck)).all()}
     # FOR UPDATE (PostgreSQL): a grade waits, so the version bumped below is the card's newest.
     cards = {card.question_id: card for card in session.exec(select(Card).with_for_update()).all()}
-    dropped = sorted(d.id for d in decks.values() if not d.retired and d.id not in {deck.id for deck in bank})
+    in_bank_decks = {deck.id for deck in bank}
+    dropped = sorted(d.id for d in decks.values() if not d.retired and d.id not in in_bank_decks)
     if dropped and not whole_bank:
         count = sum(1 for card in cards.values() if card.deck_id in dropped and not card.retired)
         raise SyncRefused(f"this bank is one file, and a sync makes the database match its bank: it would retire "
@@ -111,11 +112,9 @@ def sync_decks(session: Session, bank: list[BankDeck], *, whole_bank: bool = Tru
             session.add(card)
             position += 1
 
-    bank_deck_ids = {deck.id for deck in bank}
-    for deck in decks.values():
-        if deck.id not in bank_deck_ids and not deck.retired:
-            deck.retired = True
-            session.add(deck)
+    for deck_id in dropped:  # live decks the bank no longer holds
+        decks[deck_id].retired = True
+        session.add(decks[deck_id])
     for card in cards.values():
         if card.question_id not in in_bank and not card.retired:
             card.retired = True
