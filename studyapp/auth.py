@@ -18,7 +18,9 @@ which ends them all, in a running server too (the file is re-read when it change
 
 Brute force: failed logins are limited per client address (LOGIN_ATTEMPTS in LOGIN_WINDOW_S; the
 response says which attempt it was; past the limit a 429 with Retry-After, even for the right
-token). Tokens are compared in constant time, and a wrong token gets the same answer whatever
+token), the link (GET ?token=) and the typed form (POST) each on its own count: another site can
+make a visitor's browser open links, never post the CSRF-checked form, so a page full of
+`<img src=".../login?token=x">` locks the owner out of links only, and typing the token still works. Tokens are compared in constant time, and a wrong token gets the same answer whatever
 session the request carries. Lab runs are limited per session (LAB_RUNS_PER_SESSION in
 LAB_RUNS_WINDOW_S) when login is required.
 
@@ -215,7 +217,7 @@ def login_line(host: str, port: int, token: str, addresses: list[str]) -> str:
 @dataclass
 class AuthState:
     tokens: TokenStore
-    logins: RateLimiter  # failed logins, by client address
+    logins: RateLimiter  # failed logins, by client address and link or form (`_login_key`)
     lab_runs: RateLimiter  # lab runs, by session
 
 
@@ -284,6 +286,11 @@ def _client() -> str:
     return request.remote_addr or "unknown"
 
 
+def _login_key(method: str) -> str:
+    """The limiter's key for a login attempt: the client's address and how the token came."""
+    return f"{_client()} {'form' if method == 'POST' else 'link'}"
+
+
 @bp.route("/login", methods=["GET", "POST"])
 def login():
     if not login_required():
@@ -294,22 +301,28 @@ def login():
     if sent is None:
         return render_template("auth/login.html", next_path=next_path, message=None)
     # Past the limit nothing is compared, the right token included: guessing gets no answer.
-    verdict = state.logins.check(_client())
+    key = _login_key(request.method)
+    verdict = state.logins.check(key)
     if not verdict.allowed:
-        message = (f"Too many failed logins from your address: {verdict.count} in the last "
+        by = "typed tokens" if request.method == "POST" else "login links"
+        message = (f"Too many failed {by} from your address: {verdict.count} in the last "
                    f"{_minutes(state.logins.window_s)}. Try again in {verdict.retry_after_s} s.")
+        if request.method != "POST":
+            message += " Typing the token below is counted apart, and still works."  # a cross-site flood locks links only
         response = render_template("auth/login.html", next_path=next_path, message=message)
         return response, 429, _attempt_headers(verdict) | {"Retry-After": str(verdict.retry_after_s)}
     token = state.tokens.current()
     if token is not None and hmac.compare_digest(sent.strip().encode(), token.encode()):
-        state.logins.reset(_client())
+        for method in ("GET", "POST"):
+            state.logins.reset(_login_key(method))
         session.clear()  # a new session: nothing carried over from before the login
         session.permanent = True
         session[_LOGIN_KEY] = fingerprint(token, current_app.secret_key)
         session[_SESSION_ID_KEY] = secrets.token_urlsafe(16)
         return redirect(next_path, code=303)  # the token leaves the address bar
-    verdict = state.logins.record(_client())
-    message = (f"That token is wrong: attempt {verdict.count} of {verdict.limit} from your address in "
+    verdict = state.logins.record(key)
+    by = "typed" if request.method == "POST" else "by link"
+    message = (f"That token is wrong: attempt {verdict.count} of {verdict.limit} {by} from your address in "
                f"{_minutes(state.logins.window_s)}.")
     return render_template("auth/login.html", next_path=next_path, message=message), 401, _attempt_headers(verdict)
 

@@ -234,6 +234,37 @@ def test_failed_logins_are_limited_per_client_with_the_count_in_each_answer(app,
     assert guesser.get(f"/login?token={token_of(app)}").status_code == 303, "the window has passed"
 
 
+def test_links_another_site_opens_never_lock_out_the_typed_form(app, seconds):
+    # Another site can make the owner's browser GET /login?token=x (an <img>), never POST the
+    # CSRF-checked form: the links' limit locks links only.
+    owner = app.test_client()
+    owner.environ_base["REMOTE_ADDR"] = "10.0.0.8"
+    for _ in range(3):
+        assert owner.get(f"/login?token={'0' * 48}").status_code == 401
+    link = owner.get(f"/login?token={token_of(app)}")
+    assert link.status_code == 429, "links past their limit"
+    assert "Typing the token below is counted apart, and still works." in link.get_data(as_text=True)
+    typed = owner.post("/login", data={"token": token_of(app), "csrf_token": csrf_of(owner, "/login")})
+    assert typed.status_code == 303 and owner.get("/").status_code == 200, "the typed token logs in"
+
+
+def test_typed_tokens_have_their_own_limit_and_a_login_clears_both(app, seconds):
+    guesser = app.test_client()
+    guesser.environ_base["REMOTE_ADDR"] = "10.0.0.9"
+    csrf = csrf_of(guesser, "/login")
+    answers = [guesser.post("/login", data={"token": "0" * 48, "csrf_token": csrf}) for _ in range(4)]
+    assert [a.status_code for a in answers] == [401, 401, 401, 429]
+    assert "attempt 3 of 3 typed" in answers[2].get_data(as_text=True)
+    assert "Too many failed typed tokens" in answers[3].get_data(as_text=True)
+    wrong_link = guesser.get(f"/login?token={'0' * 48}")
+    assert wrong_link.status_code == 401 and wrong_link.headers["X-Login-Attempts"] == "1", "links count apart"
+    assert guesser.get(f"/login?token={token_of(app)}").status_code == 303
+    guesser.post("/logout", data={"csrf_token": csrf_of(guesser, "/")})
+    csrf = csrf_of(guesser, "/login")
+    after = guesser.post("/login", data={"token": "0" * 48, "csrf_token": csrf})
+    assert after.status_code == 401 and after.headers["X-Login-Attempts"] == "1", "the login cleared the form's count"
+
+
 def test_a_wrong_token_gets_the_same_answer_whatever_session_it_carries(app, runner):
     def wrong_token_answer(client, address: str):
         client.environ_base["REMOTE_ADDR"] = address  # each its first attempt

@@ -222,9 +222,13 @@ def test_failed_logins_are_rate_limited_per_client(tmp_path):
         csrf = re.search(r'name="csrf_token" value="([^"]+)"', guesser.request("GET", "/login")[2]).group(1)
         limited = [
             guesser.request("GET", f"/login?token={'1' * 48}"),
-            guesser.request("POST", "/login", form={"token": "2" * 48, "csrf_token": csrf}),
             guesser.request("GET", login_path),  # the right token too: past the limit nothing is compared
         ]
+        # The typed form counts apart (another site can open links, never post the form).
+        for attempt in range(1, LOGIN_ATTEMPTS + 1):
+            status, headers, body = guesser.request("POST", "/login", form={"token": "2" * 48, "csrf_token": csrf})
+            assert status == 401 and f"attempt {attempt} of {LOGIN_ATTEMPTS} typed" in body, (attempt, status)
+        limited.append(guesser.request("POST", "/login", form={"token": token, "csrf_token": csrf}))
         for status, headers, body in limited:
             assert status == 429 and int(headers["Retry-After"]) > 0
             assert f"Try again in {headers['Retry-After']} s" in body
