@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
@@ -183,3 +185,92 @@ def test_a_hung_rank_in_the_real_lab_server_is_named_before_the_run_times_out(tm
         assert server.run(LAB, 2, timeout_s=240).status == RunStatus.done, "a fresh pool"
     finally:
         server.stop()
+
+
+def pool_folders(temp: Path) -> list[str]:
+    return sorted(path.name for path in temp.iterdir() if path.name.startswith("sharding-lab"))
+
+
+def test_a_lab_server_killed_with_sigkill_leaves_no_rank_and_the_next_start_removes_its_folder(tmp_path, monkeypatch):
+    # The OOM killer or a `kill -9`: nothing of the server runs. Its ranks die with it (their parent-death
+    # signal); its pool's folder is removed by the next pool to start, and by the app's stop.
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the child's temporary directory
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # and this process's, as in an app started so
+    semaphores = shared_semaphores()
+    server = LabServer(server_argv(idle_timeout_s=60, timeout_s=240))
+    try:
+        assert server.run(LAB, 2, timeout_s=240).status == RunStatus.done
+        killed, ranks = server.pid, rank_pids(server.pid)
+        left = pool_folders(tmp_path)
+        assert len(ranks) == 2 and len(left) == 1
+        os.kill(killed, signal.SIGKILL)
+        wait_for(lambda: all(process_gone(rank) for rank in ranks), 10, "the killed server's ranks gone")
+        assert server.run(LAB, 2, timeout_s=240).status == RunStatus.done, "a fresh server"
+        assert server.pid != killed
+        assert left[0] not in pool_folders(tmp_path), "the next pool removed the killed server's folder"
+        assert len(pool_folders(tmp_path)) == 1, "the live server's own"
+        # Killed again, then the app stops: the stop removes what it left.
+        killed, ranks = server.pid, rank_pids(server.pid)
+        os.kill(killed, signal.SIGKILL)
+        wait_for(lambda: all(process_gone(rank) for rank in ranks), 10, "the second server's ranks gone")
+    finally:
+        server.stop()
+    assert pool_folders(tmp_path) == []
+    assert shared_semaphores() - semaphores == set()
+
+
+APP_STAND_IN = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from studyapp.lab_runs.server import LabServer, server_argv
+from test_lab_server import rank_pids
+server = LabServer(server_argv(idle_timeout_s=60, timeout_s=240))
+outcome = server.run("adam-optimizer-state", 2, timeout_s=240)
+print(outcome.status.value, server.pid, *rank_pids(server.pid), flush=True)
+time.sleep(600)
+"""
+
+
+def test_an_app_killed_with_sigkill_takes_its_lab_server_ranks_and_folders_with_it(tmp_path):
+    # The server gets SIGTERM when its parent dies (not SIGKILL), so it unwinds as from a stop.
+    semaphores = shared_semaphores()
+    app = subprocess.Popen([sys.executable, "-c", APP_STAND_IN, str(Path(__file__).parent)], stdout=subprocess.PIPE,
+                           text=True, env={**os.environ, "TMPDIR": str(tmp_path)})
+    try:
+        status, *pids = app.stdout.readline().split()
+        assert status == "done" and len(pids) == 3, (status, pids)
+        assert len(pool_folders(tmp_path)) == 1
+    finally:
+        app.kill()
+        app.wait()
+    wait_for(lambda: all(process_gone(int(pid)) for pid in pids), 15, "the lab server and its ranks gone")
+    wait_for(lambda: pool_folders(tmp_path) == [], 5, "the pool's folder removed")
+    assert shared_semaphores() - semaphores == set()
+
+
+def as_pid_1() -> list[str]:
+    """The argv prefix that runs a command as pid 1 of a new pid namespace (as a container's entrypoint
+    is); skips where that is not allowed."""
+    prefix = ["unshare", "--pid", "--fork", "--mount-proc"]
+    if shutil.which("unshare") is None or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs unshare and the right to make a pid namespace")
+    return prefix
+
+
+PID_1_APP = """
+import os, sys
+from studyapp.lab_runs.server import LabServer, server_argv
+server = LabServer(server_argv(idle_timeout_s=60, timeout_s=240))
+outcome = server.run("adam-optimizer-state", 2, timeout_s=240)
+server.stop()
+print(os.getpid(), outcome.status.value, outcome.error)
+"""
+
+
+def test_an_app_that_is_pid_1_gets_a_lab_server(tmp_path):
+    # A container's entrypoint is pid 1: its lab server took its parent's pid for "the parent is gone" and
+    # exited 1 at once, so every run failed with "the lab server exited with status 1 before answering".
+    done = subprocess.run([*as_pid_1(), sys.executable, "-c", PID_1_APP], capture_output=True, text=True,
+                          timeout=240, env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert done.stdout.split(maxsplit=2)[:2] == ["1", "done"], done.stdout + done.stderr[-2000:]
+    assert pool_folders(tmp_path) == []

@@ -306,3 +306,19 @@ def test_a_rank_that_cannot_start_raises_its_own_error_and_leaves_no_process(chi
     assert not isinstance(raised.value, AssertionError), raised.value
     assert "pickle" in f"{type(raised.value).__name__} {raised.value}".lower(), raised.value
     assert children_of_this_process() == children_before_the_test
+
+
+def test_a_launcher_that_is_pid_1_runs_its_ranks(tmp_path):
+    # `sharding-lab measure` as a container's entrypoint (pid 1): each rank took its parent's pid for "the
+    # parent is gone" and exited 1 before it started ("process died without reporting (exit code 1)").
+    import json
+    import subprocess
+    import sys
+
+    from test_lab_server import as_pid_1
+
+    done = subprocess.run([*as_pid_1(), sys.executable, "-m", "sharding_lab.cli", "measure", "--strategy", "zero2",
+                           "--world-size", "2", "--json"], capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["config"]["world_size"] == 2

@@ -8,10 +8,13 @@ import io
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+from test_lab_runs import wait_for
 from test_sharding_launch import children_of_this_process, crash_in_rank_1, hang_in_rank_1, sum_of_ranks
 
 from sharding_lab.engine.launch import RankFailed
@@ -80,6 +83,18 @@ def test_a_rank_killed_mid_run_ends_it_clearly_and_the_pool_is_rebuilt(before):
     assert new_children(before) == []
 
 
+def test_a_rank_that_died_while_the_pool_was_idle_does_not_fail_the_next_batch(before, capfd):
+    # The OOM killer or a `kill` between labs: the next lab used to fail, blamed for a death it never saw.
+    with Pools(idle_timeout_s=None) as pools:
+        old = pools.run(pid_of, 2, timeout_s=120)
+        os.kill(old[1], signal.SIGKILL)
+        wait_for(lambda: not pools.pool(2)._processes[1].is_alive(), 10, "rank 1 gone")
+        assert [r["sum"] for r in pools.run(sum_of_ranks, 2, 1.0, timeout_s=120)] == [2.0, 2.0]
+        assert not set(pools.pool(2).pids) & set(old), "a fresh pool ran it"
+        assert "rank 1 of the warm 2-rank pool ended while idle (killed by signal 9)" in capfd.readouterr().err
+    assert new_children(before) == []
+
+
 def test_a_hung_rank_ends_the_batch_at_the_timeout_with_its_stack(before):
     with Pools(idle_timeout_s=None) as pools:
         pools.run(pid_of, 2, timeout_s=120)  # warm: the timeout below is the batch's alone
@@ -113,6 +128,28 @@ def test_a_start_interrupted_between_ranks_raises_its_own_error_and_leaves_nothi
         pool.start()
     assert len(starts) == 2 and not pool.started
     assert new_children(before) == []
+
+
+def test_a_sigterm_during_a_graceful_close_still_ends_every_rank_and_removes_the_folder(before, monkeypatch):
+    # The app killed outright: the lab server reads the end of its stdin and closes its pools while the
+    # kernel's SIGTERM (its parent-death signal) lands, raising SystemExit in the wait for the ranks.
+    import multiprocessing.context
+
+    from sharding_lab.engine.pool import RankPool
+
+    pool = RankPool(2)
+    pool.run(pid_of, timeout_s=120)
+    folder = Path(pool._stack_dir.name)
+    real_join = multiprocessing.context.SpawnProcess.join
+
+    def join_interrupted(process, timeout=None):
+        monkeypatch.setattr(multiprocessing.context.SpawnProcess, "join", real_join)
+        raise SystemExit(143)
+
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "join", join_interrupted)
+    with pytest.raises(SystemExit):
+        pool.close()
+    assert new_children(before) == [] and not folder.exists() and not pool.started
 
 
 def test_an_idle_pool_ends_by_itself(before):
@@ -180,3 +217,40 @@ def test_a_hang_in_a_pool_warmed_with_the_same_timeout_names_the_hung_rank_not_i
         assert failure.value.rank == 1 and "hung" in failure.value.reason, failure.value
         assert pools.pool(2) is None and new_children(before) == []
     assert new_children(before) == []
+
+
+def test_stale_pool_folders_are_removed_only_when_their_owner_is_gone(tmp_path):
+    from sharding_lab.engine.pool import remove_stale_folders
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    unreaped = subprocess.Popen([sys.executable, "-c", "pass"])  # a zombie until the end: dead all the same
+    os.waitid(os.P_PID, unreaped.pid, os.WEXITED | os.WNOWAIT)
+    names = {
+        f"sharding-lab-pool-{ended.pid}-abc": False,  # kept?
+        f"sharding-lab-pool-{unreaped.pid}-abc": False,
+        f"sharding-lab-pool-{os.getpid()}-abc": True,  # this process's own
+        f"sharding-lab-pool-{os.getppid()}-abc": True,  # a live owner
+        "sharding-lab-pool-x1y2z3ab": True,  # from before folders named their owner: cannot tell
+        f"sharding-lab-{ended.pid}-abc": True,  # a plain launch's, not a pool's
+    }
+    for name in names:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "rank0.txt").write_text("")
+    try:
+        assert sorted(remove_stale_folders(str(tmp_path))) == sorted(name for name, kept in names.items() if not kept)
+    finally:
+        unreaped.wait()
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(name for name, kept in names.items() if kept)
+
+
+def test_a_pool_whose_owner_is_pid_1_runs(tmp_path):
+    # `sharding-lab run` as a container's entrypoint (pid 1): each rank took its parent's pid for "the parent
+    # is gone" and exited 1 ("rank 0 failed: process died without reporting (exit code 1)").
+    from test_lab_server import as_pid_1
+
+    done = subprocess.run([*as_pid_1(), sys.executable, "-m", "sharding_lab.cli", "run", "adam-optimizer-state",
+                           "--world-size", "2", "--json"], capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1])["holds"] is True

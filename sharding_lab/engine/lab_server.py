@@ -12,16 +12,21 @@ torch). Each request is one JSON line on stdin, each answer one JSON line on std
 The ranks stay up between requests (`pool.Pools`: a pool per world size and device, started on its first
 lab and ended after `idle_timeout_s` without one), so a lab costs its own training steps. A rank that fails or
 hangs ends that request with an error; its pool is torn down and the next request starts a fresh one.
-The server ends when stdin closes, and dies with its parent, ranks included, even on SIGKILL.
+The server ends when stdin closes, and when its parent dies, even by SIGKILL: the kernel then sends it
+SIGTERM (Linux), which unwinds it as a stop does, ranks ended and their folders removed. Killed itself with
+SIGKILL, its ranks die with it (their own parent-death signal) and the next pool to start removes its folders.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 from typing import IO
 
 from sharding_lab.engine import launch
+from sharding_lab.engine.launch import die_with_parent
 from sharding_lab.engine.pool import IDLE_TIMEOUT_S, Pools
 from sharding_lab.labs.registry import LABS
 from sharding_lab.run_config import DEVICES
@@ -64,7 +69,9 @@ def answer(line: str, pools: Pools, timeout_s: float) -> dict:
 
 
 def main(idle_timeout_s: float | None, timeout_s: float) -> int:
-    launch._die_with_parent()
+    # SIGTERM, not SIGKILL: `sharding-lab` turns it into an exit that unwinds (launch.sigterm_unwinds), so the
+    # pools end their ranks and remove their folders.
+    die_with_parent(os.getppid(), signal.SIGTERM)
     # Ranks and torch print to stderr; stdout carries answers only.
     answers = sys.stdout
     sys.stdout = sys.stderr

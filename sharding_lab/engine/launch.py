@@ -219,20 +219,23 @@ def _init_rank(
     return device, backend, mesh
 
 
-def _die_with_parent() -> None:
-    """Linux: have the kernel kill this rank if the parent dies, even by SIGKILL (no cleanup runs then)."""
+def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> None:
+    """Linux: have the kernel send this process `signum` when its parent (pid `parent`) dies, even by
+    SIGKILL, or the parent's thread that started it ends; exit at once if the parent is already gone.
+    (Not `getppid() == 1`: a container's pid 1 is a live parent, and every rank it started exited.)"""
     if not sys.platform.startswith("linux"):
         return
     pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() == 1:  # the parent was already gone before the request took effect
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signum)
+    if os.getppid() != parent:  # it died before the request took effect
         os._exit(1)
 
 
 def _rank_main(
-    rank, world_size, init_method, device_type, placement, timeout_s, fn, args, results, counts, labels, stack_dir
+    rank, world_size, init_method, device_type, placement, timeout_s, fn, args, results, counts, labels, stack_dir,
+    parent,
 ):
-    _die_with_parent()
+    die_with_parent(parent)
     # Stdout belongs to the parent (its --json output); a rank's prints go to stderr instead.
     os.dup2(2, 1)
     sys.stdout = sys.stderr
@@ -316,7 +319,7 @@ def _spawn_ranks(
                 target=_rank_main,
                 args=(
                     rank, world_size, init_method, device_type, placement, timeout_s, fn, args, results, counts,
-                    labels, stack_dir,
+                    labels, stack_dir, os.getpid(),
                 ),
                 name=f"sharding-lab-rank{rank}",
                 daemon=True,  # terminated by multiprocessing when the parent exits normally

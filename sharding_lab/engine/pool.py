@@ -8,8 +8,11 @@ ends a pool that sat idle longer than `idle_timeout_s`.
 
 Crash and hang handling is `launch.py`'s: a rank that raises, dies or stops making progress ends the
 batch with `RankFailed` naming it (its Python stack for a hang), and the whole pool is torn down, every
-process gone, before the error reaches the caller; the next batch starts a fresh pool. Ranks die with
-the process that owns the pool, even when it is killed with SIGKILL.
+process gone, before the error reaches the caller; the next batch starts a fresh pool (as it does when a
+rank was found dead before a batch: killed while idle, which is no batch's failure). Ranks die with
+the process that owns the pool, even when it is killed with SIGKILL. Nothing of the owner runs then, so its
+pool's folder (`sharding-lab-pool-<owner pid>-*` in the temporary directory) stays: the next pool to start,
+in any process, removes those whose owner is gone.
 
 Batch functions follow `run_ranks`' rule: module-level, importable by name, `fn(ctx, *args)`. Each rank
 reports its result and the seconds it spent in `fn` (`RankPool.last_rank_seconds`: the slowest rank's).
@@ -22,6 +25,7 @@ import faulthandler
 import gc
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -40,6 +44,7 @@ IDLE_TIMEOUT_S = 300.0  # a pool holds one torch per rank in memory; five quiet 
 # gloo's timeout in the healthy rank before the hang check named the rank that stopped: it outlasts it.
 GROUP_TIMEOUT_MARGIN_S = 30.0
 _STOP = None  # the task that ends a rank's loop
+FOLDER_PREFIX = "sharding-lab-pool-"  # then the owner's pid: its ranks' stack files
 
 
 class RankPool:
@@ -72,13 +77,15 @@ class RankPool:
         self._tasks = [context.SimpleQueue() for _ in range(processes_wanted)]
         self._counts = context.Array(ctypes.c_longlong, processes_wanted, lock=False)
         self._labels = context.Array(ctypes.c_char, processes_wanted * launch._LABEL_WIDTH, lock=False)
-        self._stack_dir = tempfile.TemporaryDirectory(prefix="sharding-lab-pool-")
+        remove_stale_folders()
+        self._stack_dir = tempfile.TemporaryDirectory(prefix=f"{FOLDER_PREFIX}{os.getpid()}-")
         init_method = f"tcp://127.0.0.1:{launch._free_port()}"
         self._processes = [
             context.Process(
                 target=_pool_rank_main,
                 args=(rank, self.world_size, init_method, self.device, self.placement, self.group_timeout_s,
-                      self._tasks[rank], self._results, self._counts, self._labels, self._stack_dir.name),
+                      self._tasks[rank], self._results, self._counts, self._labels, self._stack_dir.name,
+                      os.getpid()),
                 name=f"sharding-lab-pool{self.world_size}-rank{rank}",
                 daemon=True,
             )
@@ -95,6 +102,13 @@ class RankPool:
             on_progress: Callable[[str], None] | None = None) -> list[Any]:
         """`fn(ctx, *args)` on every rank; their results in rank order (rank 0's only in a rank view).
         A failure or hang raises `RankFailed` after the pool is torn down."""
+        if self.started and (ended := [rank for rank, process in enumerate(self._processes) if not process.is_alive()]):
+            # Killed while idle (the OOM killer, a `kill`): not this batch's failure, so a fresh pool runs it.
+            code = self._processes[ended[0]].exitcode
+            how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+            print(f"sharding-lab: rank {ended[0]} of the warm {self.world_size}-rank pool ended while idle ({how}); "
+                  "starting a fresh pool", file=sys.stderr)
+            self.close(graceful=False)
         if not self.started:
             self.start()
         try:
@@ -121,15 +135,44 @@ class RankPool:
                     task.put(_STOP)
                 except (OSError, ValueError):
                     pass
-        deadline = time.monotonic() + (3.0 if graceful else 0.0)
-        for process in self._processes:
-            if process.pid is not None:  # a start that raised (a SIGTERM, say) left the rest unstarted
-                process.join(timeout=max(0.0, deadline - time.monotonic()))
-        launch._stop_all(self._processes)
-        self._results.close()
-        self._results.cancel_join_thread()
-        self._stack_dir.cleanup()
-        self._processes, self._tasks = [], []
+        try:
+            deadline = time.monotonic() + (3.0 if graceful else 0.0)
+            for process in self._processes:
+                if process.pid is not None:  # a start that raised (a SIGTERM, say) left the rest unstarted
+                    process.join(timeout=max(0.0, deadline - time.monotonic()))
+        finally:  # a SIGTERM landing in the wait above (the parent died as stdin ended) still ends the ranks
+            launch._stop_all(self._processes)
+            self._results.close()
+            self._results.cancel_join_thread()
+            self._stack_dir.cleanup()
+            self._processes, self._tasks = [], []
+
+
+def remove_stale_folders(temp_dir: str | None = None) -> list[str]:
+    """Remove the pool folders left by owners that are gone (killed with SIGKILL, so no cleanup ran); the
+    names removed. A folder whose owner pid is alive, or taken again by another process, is kept."""
+    removed = []
+    for folder in Path(temp_dir or tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*-*"):
+        owner = folder.name[len(FOLDER_PREFIX):].split("-", 1)[0]
+        if owner.isdigit() and int(owner) != os.getpid() and not _alive(int(owner)):
+            shutil.rmtree(folder, ignore_errors=True)  # another user's stays: not ours to remove
+            if not folder.exists():
+                removed.append(folder.name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` is a running process (a zombie, dead but not yet reaped, is not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):  # no /proc (not Linux), or it ended just now
+        return True
 
 
 class Pools:
@@ -218,8 +261,8 @@ def _freeze_heap() -> None:
 
 
 def _pool_rank_main(rank, world_size, init_method, device_type, placement, group_timeout_s, tasks, results,
-                    counts, labels, stack_dir):
-    launch._die_with_parent()
+                    counts, labels, stack_dir, owner):
+    launch.die_with_parent(owner)
     os.dup2(2, 1)  # stdout belongs to the parent (its --json output or its protocol)
     sys.stdout = sys.stderr
     stack_file = open(Path(stack_dir) / f"rank{rank}.txt", "w")  # noqa: SIM115 - open for the process's life

@@ -51,8 +51,8 @@ class LabServer:
         self._stderr: collections.deque[str] = collections.deque(maxlen=200)
         self._lock = threading.Lock()
         # Held through a stop, so a second caller returns only once the child is gone: the thread that
-        # started the child must outlive it, since the child dies with that thread (PR_SET_PDEATHSIG
-        # fires when the creating thread ends), by SIGKILL, in the middle of its cleanup.
+        # started the child must outlive it, since the child is signalled when that thread ends
+        # (PR_SET_PDEATHSIG follows the creating thread): SIGTERM again, in the middle of its cleanup.
         self._stopping = threading.Lock()
 
     @property
@@ -103,7 +103,8 @@ class LabServer:
 
     def stop(self) -> None:
         """End the child and its ranks (`stop_group`: SIGTERM, which it answers by ending its pools and
-        their files, then SIGKILL for its whole group); the next run starts a fresh one."""
+        their files, then SIGKILL for its whole group), and remove the pool folders of a child that was
+        killed outright; the next run starts a fresh one."""
         with self._stopping:
             with self._lock:
                 process, self.process = self.process, None
@@ -113,7 +114,11 @@ class LabServer:
             try:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                pass
+                return
+            # A child killed with SIGKILL (the OOM killer, a `kill -9`) could not remove its pools' folders.
+            from sharding_lab.engine.pool import remove_stale_folders  # no torch
+
+            remove_stale_folders()
 
     def _started(self) -> subprocess.Popen:
         with self._lock:
