@@ -67,6 +67,15 @@ class ReviewConflict(ReviewRejected):
         super().__init__(message, status=409)
 
 
+class RepeatEnded(ReviewRejected):
+    """A step-7 repeat graded after its study day rolled over (the page was open across it): the
+    repeat ended with that day, so there is nothing to record."""
+
+    def __init__(self, question_id: str, repeat_day: date):
+        super().__init__(f"card {question_id}'s same-day repeat ended with the study day {repeat_day}; nothing was recorded")
+        self.repeat_day = repeat_day
+
+
 class AlreadyUndone(ReviewRejected):
     """The review an undo names was undone already: a resubmitted undo form, which changes nothing."""
 
@@ -331,6 +340,8 @@ def _review_log(card, sid: str, choice: int, quality: int, reviewed_at: datetime
     if problem := sm2.misgraded(correct, quality):
         raise ReviewRejected(problem)
     if not is_up_today(card, today):
+        if not card.retired and card.repeat_day is not None and card.repeat_day < today:
+            raise RepeatEnded(card.question_id, card.repeat_day)
         why = "is retired" if card.retired else f"is not due until {card.due_day}"
         raise ReviewRejected(f"card {card.question_id} {why}")
     is_repeat = card.repeat_day == today

@@ -1,6 +1,6 @@
 // Keyboard shortcuts for every page: pressing a key activates the element whose data-key
 // names it (radio buttons get checked, buttons and links clicked). On a form marked
-// data-enter-submits, Enter submits once a choice is checked. Plain JS, no library.
+// data-enter-submits, Enter submits it, or says what is missing (no choice yet). Plain JS, no library.
 (function () {
   "use strict";
   let submitted = false;
@@ -23,7 +23,9 @@
     if (event.key === "Enter") {
       if (event.target.tagName === "BUTTON" || event.target.tagName === "A") return;  // their own Enter
       const form = document.querySelector("form[data-enter-submits]");
-      if (form && form.querySelector("input[type=radio]:checked")) {
+      if (form) {
+        // requestSubmit validates first, as the form's button does: with nothing chosen yet it says
+        // so and focuses the choices, where doing nothing would leave Enter looking broken.
         event.preventDefault();
         form.requestSubmit();
       }

@@ -8,6 +8,7 @@ from studyapp.db import get_session
 from studyapp.models import Card, Deck
 from studyapp.study import (
     AlreadyUndone,
+    RepeatEnded,
     ReviewRejected,
     choice_order,
     day_progress,
@@ -102,7 +103,11 @@ def answer():
     deck = _deck_filter(request.form.get("deck"))
     card, version = _shown_card()
     if card.version != version:
-        flash("That card changed since it was shown (another tab?), so here is the current one.")
+        # Show this card again as it is now if it is still up today; say so when it is not.
+        if is_up_today(card, clock.today()):
+            flash("That card changed since it was shown (another tab?), so here it is as it is now.")
+            return redirect(_study_url(deck, card.id))
+        flash("That card changed since it was shown (another tab?) and is not up again today; here is the next one.")
         return redirect(_study_url(deck))
     choice = form_int("choice", 0, len(card.choices) - 1)
     today = clock.today()
@@ -139,6 +144,10 @@ def submit_grade():
             settings=clock.settings(),
             duration_ms=optional_form_int("duration_ms", 0, MAX_DURATION_MS),
         )
+    except RepeatEnded:  # not bad input: the page was open across the day's rollover
+        flash("The study day rolled over while that card was open, so its same-day repeat ended with the day; "
+              "nothing was recorded.")
+        return redirect(_study_url(deck))
     except ReviewRejected as rejected:
         abort(rejected.status, description=str(rejected))
     if result.duplicate:
