@@ -47,7 +47,9 @@ FIELDS = (
     Field("study_day", "date"),  # the learner's day (it rolls over at DAY_START_HOUR local time)
     Field("quality", "int", minimum=0, maximum=5),
     Field("choice", "int", minimum=0, maximum=99),  # index in the bank's order of choices
-    Field("choice_text", "text"),  # what the learner chose, as the bank worded it at export time
+    # What the learner chose, as the bank worded it at export time; empty (null) once the bank has
+    # dropped that choice, so the review stays in the file (and restorable) with its index alone.
+    Field("choice_text", "text", nullable=True),
     Field("correct", "bool"),
     Field("is_repeat", "bool"),  # a step-7 same-day repeat: changes no schedule
     Field("was_new", "bool"),
@@ -117,7 +119,8 @@ def render_history(rows: list[dict[str, Any]], fmt: str) -> str:
 
 def _parse_value(field: Field, raw: Any, from_csv: bool) -> Any:
     """The typed value of one field; raises ValueError with a reason a person can act on."""
-    if raw is None or (from_csv and raw == ""):
+    # JSON's "" for a nullable text is its null: what exports wrote for a dropped choice before null.
+    if raw is None or (raw == "" and (from_csv or (field.nullable and field.kind == "text"))):
         if field.nullable:
             return None
         raise ValueError("is empty; a value is required")
