@@ -32,6 +32,11 @@ class PackageContent:
     note_types: dict[int, dict[str, Any]]  # id -> Anki's JSON of the note type
 
 
+# What reading a damaged .apkg raises: a truncated or foreign zip, a zip without Anki's collection,
+# a collection that is not SQLite or lacks Anki's tables or JSON.
+UNREADABLE_PACKAGE = (zipfile.BadZipFile, KeyError, TypeError, ValueError, sqlite3.DatabaseError, EOFError)
+
+
 def read_package(path: Path) -> PackageContent:
     """What an .apkg holds, as Anki will see it: deck names, notes, note types."""
     with zipfile.ZipFile(path) as archive, tempfile.TemporaryDirectory() as tmp:
@@ -71,7 +76,12 @@ def stale_exports(decks: list[Deck], exports_dir: Path, scratch_dir: Path) -> li
         if not (exports_dir / name).is_file():
             problems.append(f"{name} is missing")
             continue
-        expected, found = read_package(scratch_dir / name), read_package(exports_dir / name)
+        expected = read_package(scratch_dir / name)
+        try:
+            found = read_package(exports_dir / name)
+        except UNREADABLE_PACKAGE as error:  # truncated, not a zip, not Anki's collection inside
+            problems.append(f"{name} is not a readable Anki package ({type(error).__name__}: {error})")
+            continue
         if expected.deck_names != found.deck_names:
             problems.append(f"{name}: decks {sorted(found.deck_names)}, expected {sorted(expected.deck_names)}")
         for guid in sorted(expected.notes.keys() | found.notes.keys()):

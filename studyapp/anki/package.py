@@ -178,7 +178,13 @@ def export_anki(
     notes = render_decks(chosen, lab_results)
     manifest = restamp(read_manifest(out_dir / MANIFEST_FILE) or previous or Manifest(), (n for ns in notes.values() for n in ns), now)
     # Read before anything is written: a file that cannot be read back then stops the export whole.
-    carried = read_lab_results(out_dir / LAB_RESULTS_FILE) if deck_id else {}
+    results_file = out_dir / LAB_RESULTS_FILE
+    if deck_id and results_file.is_file():
+        carried = read_lab_results(results_file)
+    else:  # a folder without one starts as a full export writes it: left empty, the next full
+        # export would read it back and rebuild the other decks' notes as "Not run yet"
+        labs = {q.lab for deck in decks for q in deck.questions}
+        carried = {lab: carried_result(result) for lab, result in lab_results.items() if result and lab in labs}
 
     written = [write_package([deck], notes, manifest, out_dir / f"{deck.id}.apkg") for deck in chosen]
     if deck_id is None:

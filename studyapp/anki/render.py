@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,15 +37,20 @@ class NoteContent:
 
     def content_hash(self) -> str:
         """A digest of what a re-import would overwrite in the learner's note."""
-        # Unit and record separators cannot occur in the fields: Anki itself joins fields with \x1f.
+        # Unit and record separators cannot occur in the fields: escape_text drops them (Anki joins fields with \x1f).
         text = "\x1f".join(self.fields) + "\x1e" + "\x1f".join(self.tags)
         return hashlib.sha256(text.encode()).hexdigest()
+
+
+# Control characters other than tab and newline: not text in HTML, and Anki joins a note's fields
+# with \x1f, so one in a field splits it and Anki refuses the whole package ("note has 12 fields").
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def escape_text(value: str) -> str:
     # Quotes stay as typed: fields are element content; the two the templates put in attributes
     # (QuestionId, AnswerNumber) are a slug and a number.
-    return html.escape(value, quote=False).replace("\n", "<br>")
+    return html.escape(CONTROL_CHARACTERS.sub("", value), quote=False).replace("\n", "<br>")
 
 
 def render_lab_result(result: LabResult | None) -> str:
@@ -55,11 +61,14 @@ def render_lab_result(result: LabResult | None) -> str:
             '<p class="mc-lab-pending">Not run yet: run the command above (or "Run this lab" '
             "in the study app) to measure it.</p>"
         )
-    verdict = {True: "<b>The claim held.</b> ", False: "<b>The claim did not hold.</b> "}.get(result.get("holds"), "")
-    finding = str(result.get("finding") or "")
+    # Read field by field, as the pages do (findings.ShownResult): only a JSON true or false is a
+    # verdict (a dict lookup would read 1 as True), and only text is a finding.
+    holds = result.get("holds")
+    verdict = "<b>The claim held.</b> " if holds is True else "<b>The claim did not hold.</b> " if holds is False else ""
+    finding, at_scale = (value if isinstance(value, str) else "" for value in (result.get("finding"), result.get("at_scale")))
     parts = [f'<p class="mc-lab-finding">{verdict}{escape_text(finding)}</p>']
-    if result.get("at_scale"):
-        parts.append(f'<p class="mc-lab-at-scale">{escape_text(str(result["at_scale"]))}</p>')
+    if at_scale:
+        parts.append(f'<p class="mc-lab-at-scale">{escape_text(at_scale)}</p>')
     where = measured_where(result)
     if where:
         parts.append(f'<p class="mc-lab-where">Measured on {escape_text(", ".join(where))}.</p>')
