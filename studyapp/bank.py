@@ -38,6 +38,9 @@ DEFAULT_BANK_DIR = Path(__file__).resolve().parent.parent / "bank"
 # Ids and tags, matched whole (fullmatch: `$` would let a trailing newline through).
 SLUG = re.compile(r"[a-z0-9][a-z0-9-]*")
 TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_:.-]*")  # Anki tags cannot contain spaces; the stats pages link each one (so no `.` or `..`)
+# Ids are in URLs and in the database's unique indexes: PostgreSQL's index takes at most 2704 bytes a row,
+# so a longer id passed `bank check` and then failed `bank sync` there, naming neither file nor card.
+MAX_ID_LENGTH = 100
 
 DECK_KEYS = {"id", "title", "description", "retired_ids", "questions", "order"}
 DECK_REQUIRED = {"id", "title", "questions"}
@@ -138,6 +141,21 @@ def _yaml_kind(value: object) -> str:
     return {bool: "true/false", int: "a number", float: "a number", str: "text"}.get(type(value), type(value).__name__)
 
 
+def _shown(value: object, limit: int = 60) -> str:
+    """A value quoted in a message: repr, so an invisible character shows, and cut short, so a
+    value repeated by YAML aliases cannot make a message of gigabytes."""
+    shown = repr(value if isinstance(value, str) else str(value))
+    return shown if len(shown) <= limit else f"{shown[:limit - 4]}...{shown[-1]}"
+
+
+def _id_problem(value: str) -> str | None:
+    if not SLUG.fullmatch(value):
+        return "must be a slug: lowercase letters, digits and dashes"
+    if len(value) > MAX_ID_LENGTH:
+        return f"is {len(value)} characters long; at most {MAX_ID_LENGTH}"
+    return None
+
+
 class _LineLoader(yaml.SafeLoader):
     pass
 
@@ -148,6 +166,11 @@ def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> _Mapping:
     mapping.key_lines = {}
     duplicates = []
     for key_node, value_node in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":  # SafeLoader's own mapping would merge; this one names keys by line
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping", node.start_mark,
+                "a merge key (<<) is not read in a deck file: write its keys out", key_node.start_mark,
+            )
         key = loader.construct_object(key_node, deep=True)
         try:
             hash(key)
@@ -197,11 +220,12 @@ class _Checker:
     ) -> None:
         """Duplicate, unknown and missing keys; `prefix` names the field's parent (e.g. "choices[2].")."""
         for key, line in getattr(mapping, "duplicate_keys", []):
-            self.add(line, f"duplicate key '{key}' in {what}", qid, f"{prefix}{key}")
+            self.add(line, f"duplicate key {_shown(key)} in {what}", qid, f"{prefix}{key}")
         for key in mapping:
             if key not in allowed:
                 known = ", ".join(sorted(allowed))
-                self.add(mapping.key_lines.get(key, mapping.line), f"unknown key '{key}' in {what} (known: {known})", qid, f"{prefix}{key}")
+                self.add(mapping.key_lines.get(key, mapping.line), f"unknown key {_shown(key)} in {what} (known: {known})",
+                         qid, f"{prefix}{key}")
         for key in sorted(required - set(mapping)):
             self.add(mapping.line, f"missing required key '{key}' in {what}", qid, f"{prefix}{key}")
 
@@ -224,17 +248,17 @@ def _question(raw: Any, deck_id: str, index: int, line: int, check: _Checker) ->
         check.add(line, f"question #{index + 1} must be a mapping, got {_yaml_kind(raw)}", None, "questions")
         return None
     qid = raw.get("id") if isinstance(raw.get("id"), str) else None
-    label = qid or f"#{index + 1}"
+    label = qid if qid and len(qid) <= MAX_ID_LENGTH else f"#{index + 1}"
     check.keys(raw, QUESTION_KEYS, QUESTION_KEYS - {"tags"}, "a question", label)
-    if qid is not None and not SLUG.fullmatch(qid):
-        check.add(raw.key_lines.get("id", raw.line), "must be a slug: lowercase letters, digits and dashes", label, "id")
+    if qid is not None and (problem := _id_problem(qid)):
+        check.add(raw.key_lines.get("id", raw.line), problem, label, "id")
     elif "id" in raw and qid is None:
         check.add(raw.key_lines["id"], "must be text", label, "id")
     prompt = check.text(raw, "prompt", label)
     explanation = check.text(raw, "explanation", label)
     lab = check.text(raw, "lab", label)
     if lab and not SLUG.fullmatch(lab):
-        check.add(raw.key_lines["lab"], f"'{lab}' is not a lab slug (lowercase letters, digits and dashes)", label, "lab")
+        check.add(raw.key_lines["lab"], f"{_shown(lab)} is not a lab slug (lowercase letters, digits and dashes)", label, "lab")
 
     tags: list[str] = []
     raw_tags = raw.get("tags", [])
@@ -242,8 +266,10 @@ def _question(raw: Any, deck_id: str, index: int, line: int, check: _Checker) ->
         check.add(raw.key_lines.get("tags", raw.line), "must be a list of tags", label, "tags")
     else:
         for tag in raw_tags:
-            if not isinstance(tag, str) or not TAG.fullmatch(tag):
-                check.add(raw.key_lines["tags"], f"tag {tag!r} must be one word without spaces", label, "tags")
+            if not isinstance(tag, str):  # its kind, never its repr: an alias can make a list of billions
+                check.add(raw.key_lines["tags"], f"a tag must be text, got {_yaml_kind(tag)}", label, "tags")
+            elif not TAG.fullmatch(tag):
+                check.add(raw.key_lines["tags"], f"tag {_shown(tag)} must be one word without spaces", label, "tags")
             else:
                 tags.append(tag)
 
@@ -287,8 +313,8 @@ def _question(raw: Any, deck_id: str, index: int, line: int, check: _Checker) ->
                 if lines > 1:
                     check.add(choice.key_lines["why_wrong"], f"must be one line, got {lines} "
                               "(a folded `>` block joins its lines)", label, f"{field}.why_wrong")
-            if text in choices:
-                check.add(choice.line, f"repeats the choice {text!r}", label, f"{field}.text")
+            if text and text in choices:  # an empty or unreadable text was reported above
+                check.add(choice.line, f"repeats the choice {_shown(text)}", label, f"{field}.text")
             choices.append(text)
             why_wrong.append(reason)
         if len(raw_choices) >= 2 and len(correct) != 1:
@@ -316,6 +342,10 @@ def parse_deck(text: str, file: str) -> tuple[Deck | None, list[BankProblem]]:
     check = _Checker(file)
     try:
         raw = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.reader.ReaderError as error:  # its message names a character offset in "<unicode string>"
+        line = text.count("\n", 0, error.position) + 1
+        check.add(line, f"YAML syntax error: unacceptable character #x{error.character:04x}: {error.reason}")
+        return None, check.problems
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
         line = mark.line + 1 if mark else 0
@@ -334,16 +364,17 @@ def parse_deck(text: str, file: str) -> tuple[Deck | None, list[BankProblem]]:
 
     check.keys(raw, DECK_KEYS, DECK_REQUIRED, "the deck", None)
     deck_id = raw.get("id")
-    if "id" in raw and (not isinstance(deck_id, str) or not SLUG.fullmatch(deck_id)):
-        check.add(raw.key_lines["id"], "deck id must be a slug: lowercase letters, digits and dashes", None, "id")
+    if "id" in raw and (not isinstance(deck_id, str) or _id_problem(deck_id)):
+        problem = _id_problem(deck_id) if isinstance(deck_id, str) else "must be a slug: lowercase letters, digits and dashes"
+        check.add(raw.key_lines["id"], f"deck id {problem}", None, "id")
         deck_id = None
     title = check.text(raw, "title", None)
-    description = raw.get("description") or ""
+    description = raw.get("description", "")  # optional, so it may be empty; but `0` or `[]` is no description
     if not isinstance(description, str):
-        check.add(raw.key_lines["description"], "must be text", None, "description")
+        check.add(raw.key_lines["description"], f"must be text, got {_yaml_kind(description)}", None, "description")
         description = ""
-    retired = raw.get("retired_ids") or []
-    if not isinstance(retired, list) or not all(isinstance(r, str) for r in retired):
+    retired = raw.get("retired_ids", [])
+    if not isinstance(retired, list) or not all(isinstance(r, str) and SLUG.fullmatch(r) for r in retired):
         check.add(raw.key_lines.get("retired_ids", raw.line), "must be a list of question ids", None, "retired_ids")
         retired = []
 
@@ -386,12 +417,14 @@ def parse_deck(text: str, file: str) -> tuple[Deck | None, list[BankProblem]]:
 
 def load_bank(path: str | Path | None = None) -> list[Deck]:
     """Load every deck file (*.yaml) in `path` (default: the repository's bank/), or one file.
+    Hidden files are not deck files: an editor's lock (`.#fsdp.yaml`, a dangling link) or swap file.
 
     Raises BankError listing every problem in every file; on any problem nothing is returned.
     """
     root = Path(path) if path is not None else DEFAULT_BANK_DIR
     if root.is_dir():
-        files = sorted(list(root.glob("*.yaml")) + list(root.glob("*.yml")))
+        found = list(root.glob("*.yaml")) + list(root.glob("*.yml"))
+        files = sorted(f for f in found if not f.name.startswith("."))
     elif root.exists():
         files = [root]
     else:
@@ -402,6 +435,9 @@ def load_bank(path: str | Path | None = None) -> list[Deck]:
     problems: list[BankProblem] = []
     decks: list[Deck] = []
     for file in files:
+        if file.exists() and not file.is_file():  # a FIFO would block the read forever; a folder cannot be read
+            problems.append(BankProblem(str(file), 0, None, None, "is not a regular file"))
+            continue
         try:
             raw = file.read_bytes()
             text = raw.decode("utf-8")
@@ -473,12 +509,13 @@ def quiz_to_yaml(text: str, deck_id: str) -> str:
     """
     if not SLUG.fullmatch(deck_id):
         raise ValueError(f"deck id {deck_id!r} must be a slug: lowercase letters, digits and dashes")
-    lines = [line for line in text.splitlines() if line.strip()]
+    # Numbered as in the file (blank lines count), and without the BOM a Windows editor may save.
+    lines = [(number, line) for number, line in enumerate(text.removeprefix("\ufeff").splitlines(), start=1) if line.strip()]
     if not lines:
         raise ValueError("the quiz is empty")
-    title = lines[0].strip()
+    title = lines[0][1].strip()
     questions: list[dict[str, Any]] = []
-    for number, line in enumerate(lines[1:], start=2):
+    for number, line in lines[1:]:
         if match := _NUMBERED.match(line):
             questions.append({"id": f"{deck_id}-q{match.group(1)}", "prompt": match.group(2), "choices": []})
         elif (match := _BULLET.match(line)) and questions:

@@ -367,6 +367,31 @@ def case_unhashable_key() -> Case:
     return Case(edit, [(edit.line("? [a, b]"), None, None)], "unhashable key")
 
 
+def case_question_id_too_long_for_the_databases_index() -> Case:
+    # PostgreSQL's unique index on the id took at most 2704 bytes: `bank check` passed, `bank sync` failed
+    # there naming neither file nor card. Too long to print, the question is named by its place.
+    edit = Edit().replace(f"- id: {q(7)}", "- id: q" + "x" * 100)
+    return Case(edit, [(edit.line("- id: qxxx"), "#7", "id")], "is 101 characters long; at most 100")
+
+
+def case_deck_id_too_long() -> Case:
+    edit = Edit().replace("id: fsdp\n", "id: " + "d" * 101 + "\n")
+    return Case(edit, [(edit.line("id: ddd"), None, "id")], "deck id is 101 characters long")
+
+
+def case_two_unreadable_choice_texts_are_not_a_repeat() -> Case:
+    # Each unreadable text is one problem; both once counted as the same choice '' repeated.
+    edit = Edit().replace("- text: Only the input batches", "- text: 12").replace("- text: Only the learning rate", "- text: 13 #")
+    return Case(edit, [(edit.line("- text: 12"), q(1), "choices[2].text"), (edit.line("- text: 13 #"), q(1), "choices[3].text")],
+                "must be text, got a number")
+
+
+def case_merge_key() -> Case:
+    # PyYAML's SafeLoader merges `<<`; this loader said "could not determine a constructor for the tag ...merge"
+    edit = Edit().insert_after("lab: what-fsdp-shards", "    <<: {hint: x}")
+    return Case(edit, [(edit.line("<<: {hint"), None, None)], "a merge key (<<) is not read in a deck file")
+
+
 CASES = [value for name, value in sorted(globals().items()) if name.startswith("case_")]
 
 
@@ -395,6 +420,50 @@ def test_a_file_nested_too_deeply_for_the_yaml_reader_is_refused_not_a_traceback
     for depth in (300, 5000):
         [problem] = problems_of(tmp_path, "id: fsdp\ntitle: x\nquestions:\n- id: q\n  tags: " + "[" * depth + "]" * depth + "\n")
         assert problem.line == 0 and "nests lists or mappings too deeply" in problem.message
+
+
+def test_a_tag_that_aliases_make_huge_is_refused_by_its_kind_not_printed(tmp_path):
+    # Seven levels of nine aliases: the message quoted the tag whole, 34 million characters (nine levels
+    # hung `bank check` for minutes and gigabytes). The file itself is eight short lines.
+    anchors = "x0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+        f"x{level}: &a{level} [{', '.join([f'*a{level - 1}'] * 9)}]\n" for level in range(1, 7))
+    text = anchors + "id: d\ntitle: t\nquestions:\n- id: q\n  prompt: p\n  tags: [ok, *a6]\n"
+    problems = [p for p in problems_of(tmp_path, text) if p.field == "tags"]
+    assert [(p.line, p.question_id, p.message) for p in problems] == [(text.count("\n"), "q", "a tag must be text, got a list")]
+    long_tag = Edit().replace("tags: [fsdp, memory", "tags: ['" + "two words " * 1000 + "', memory", within=q(1)).text
+    [problem] = problems_of(tmp_path, long_tag)
+    assert problem.field == "tags" and "one word without spaces" in problem.message and len(str(problem)) < 300
+
+
+def test_a_control_character_is_refused_at_its_line(tmp_path):
+    # PyYAML's reader said only: 'in "<unicode string>", position 397', and no line.
+    edit = Edit().replace("title: Fully Sharded Data Parallel", "title: Fully\x00 Sharded")
+    [problem] = problems_of(tmp_path, edit.text)
+    assert (problem.line, problem.field) == (edit.line("title: Fully"), None)
+    assert problem.message == "YAML syntax error: unacceptable character #x0000: special characters are not allowed"
+
+
+@pytest.mark.parametrize("value", ["0", "false", "{}", "''", "", "[fsdp-old, Not A Slug]", "['']"])
+def test_retired_ids_that_are_not_a_list_of_ids_are_refused_even_when_empty_looking(tmp_path, value):
+    # `or []` once took 0, false, {}, '' and nothing for no retired ids, and any text for an id.
+    edit = Edit().replace("retired_ids: []", f"retired_ids: {value}")
+    [problem] = problems_of(tmp_path, edit.text)
+    assert (problem.line, problem.field, problem.message) == (edit.line("retired_ids:"), "retired_ids", "must be a list of question ids")
+
+
+@pytest.mark.parametrize(("value", "kind"), [("0", "a number"), ("false", "true/false"), ("[]", "a list"), ("", "nothing")])
+def test_a_description_that_is_not_text_is_refused_even_when_empty_looking(tmp_path, value, kind):
+    edit = Edit().delete("description: >-", count=3).insert_after("title: Fully", f"description: {value}")
+    [problem] = problems_of(tmp_path, edit.text)
+    assert (problem.line, problem.field, problem.message) == (edit.line("description:"), "description", f"must be text, got {kind}")
+
+
+def test_an_unknown_key_shows_an_invisible_character_in_it(tmp_path):
+    # A BOM inside the file (two files pasted together) made "unknown key 'title' ... (known: ... title)".
+    edit = Edit().replace("title: Fully", "\ufefftitle: Fully")
+    problems = problems_of(tmp_path, edit.text)
+    assert "unknown key '\\ufefftitle' in the deck" in problems[0].message
+    assert [(p.line, p.field) for p in problems] == [(edit.line("title: Fully"), "\ufefftitle"), (edit.line("id: fsdp"), "title")]
 
 
 def test_a_tag_of_dots_alone_is_refused_since_its_page_would_be_another(tmp_path):
@@ -531,3 +600,16 @@ def test_a_deck_order_that_is_not_a_whole_number_is_refused_by_line(tmp_path):
     (problem,) = problems_of(tmp_path, edit.text)
     assert (problem.line, problem.field) == (edit.line("order: second"), "order")
     assert "whole number" in problem.message
+
+
+def test_an_editors_hidden_lock_file_is_no_deck_and_a_fifo_is_refused_not_read(tmp_path):
+    import os
+
+    (tmp_path / "fsdp.yaml").write_text(Edit().text, encoding="utf-8")
+    os.symlink("user@host.1234:1700000000", tmp_path / ".#fsdp.yaml")  # Emacs's lock: a dangling link
+    (tmp_path / ".fsdp.yaml.swp").write_bytes(b"\0vim swap")
+    assert [deck.id for deck in load_bank(tmp_path)] == ["fsdp"]
+    os.mkfifo(tmp_path / "pipe.yaml")  # reading it would block until a writer came
+    with pytest.raises(BankError) as refused:
+        load_bank(tmp_path)
+    assert [(Path(p.file).name, p.message) for p in refused.value.problems] == [("pipe.yaml", "is not a regular file")]

@@ -91,3 +91,33 @@ def test_the_import_quiz_command_writes_a_skeleton_the_validator_refuses(runner,
     assert len(refused.value.problems) == 8 * len(MISSING_PER_QUESTION)
     again = runner.invoke(args=["bank", "import-quiz", str(SEEDS / "zero-quiz.txt"), "--deck", "zero", "--out", str(out)])
     assert again.exit_code != 0 and "not overwriting" in again.output
+
+
+def test_a_line_it_cannot_read_is_named_as_the_file_numbers_it():
+    # Blank lines were left out before counting: the seed's line 14 was called line 12.
+    lines = (SEEDS / "fsdp-quiz.txt").read_text(encoding="utf-8").splitlines()
+    number = lines.index("   • Barrier") + 1
+    lines[number - 1] = "   Barrier"
+    with pytest.raises(ValueError, match=rf"^line {number}: expected a numbered question or a bulleted choice, got 'Barrier'$"):
+        quiz_to_yaml("\n".join(lines), "fsdp")
+
+
+def test_a_byte_order_mark_is_not_part_of_the_title():
+    # A quiz saved by a Windows editor starts with one: the title was "\uFEFFFully Sharded ...".
+    text = (SEEDS / "fsdp-quiz.txt").read_text(encoding="utf-8")
+    assert quiz_to_yaml("\ufeff" + text, "fsdp") == quiz_to_yaml(text, "fsdp")
+
+
+def test_the_import_quiz_command_names_the_line_of_a_byte_that_is_not_utf8(runner, tmp_path: Path):
+    quiz = tmp_path / "quiz.txt"
+    quiz.write_bytes(b"Quiz\n\n1. Caf\xe9 or tea?\n   \xe2\x80\xa2 Tea\n")  # Latin-1 on line 3
+    result = runner.invoke(args=["bank", "import-quiz", str(quiz), "--deck", "new"])
+    assert result.exit_code == 1
+    assert result.output == (f"Error: {quiz}: line 3: is not UTF-8: byte 0xe9 cannot start or continue a character "
+                             "(save the file as UTF-8)\n")
+
+
+def test_the_import_quiz_command_blames_a_bad_deck_id_on_the_option_not_the_file(runner):
+    result = runner.invoke(args=["bank", "import-quiz", str(SEEDS / "zero-quiz.txt"), "--deck", "Zero Deck"])
+    assert result.exit_code == 1
+    assert result.output == "Error: --deck: 'Zero Deck' must be a slug: lowercase letters, digits and dashes\n"

@@ -10,7 +10,7 @@ from flask.cli import AppGroup
 
 from sharding_lab import atomic_write
 from sharding_lab.catalog import lab_info
-from studyapp.bank import BankError, load_bank, quiz_to_yaml
+from studyapp.bank import SLUG, BankError, load_bank, quiz_to_yaml
 from studyapp.db import get_engine
 from studyapp.sync import SyncRefused, SyncReport, sync_bank
 
@@ -60,9 +60,16 @@ def bank_check_command(path: str | None) -> None:
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the YAML here (default: print it).")
 def bank_import_quiz_command(quiz_file: str, deck_id: str, out: str | None) -> None:
     """Turn a plain-text quiz into a YAML deck skeleton for an author to complete."""
+    if not SLUG.fullmatch(deck_id):  # the option's fault, not the quiz file's
+        raise click.ClickException(f"--deck: {deck_id!r} must be a slug: lowercase letters, digits and dashes")
+    raw = Path(quiz_file).read_bytes()
     try:
-        text = quiz_to_yaml(Path(quiz_file).read_text(encoding="utf-8"), deck_id)
-    except (ValueError, UnicodeDecodeError) as error:
+        text = quiz_to_yaml(raw.decode("utf-8"), deck_id)
+    except UnicodeDecodeError as error:  # the line an editor shows, as `bank check` says it, not a byte offset
+        line = raw.count(b"\n", 0, error.start) + 1
+        raise click.ClickException(f"{quiz_file}: line {line}: is not UTF-8: byte {raw[error.start]:#04x} cannot start "
+                                   "or continue a character (save the file as UTF-8)") from None
+    except ValueError as error:
         raise click.ClickException(f"{quiz_file}: {error}") from None
     if out is None:
         click.echo(text, nl=False)
