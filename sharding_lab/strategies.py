@@ -179,8 +179,9 @@ _RULES: dict[Strategy, _Rules] = {
             "gradients and Adam state are sharded between steps; a block's parameters are all-gathered "
             "once before its forward and stay unsharded until its backward, and gradients are "
             "reduce-scattered per block. DeepSpeed's ZeRO-2 instead keeps the full parameters replicated "
-            "on every rank at all times and only shards gradients and optimizer state (reduce-scatter of "
-            "gradients, all-gather of the updated parameters after the step). FSDP2 in this mode holds all "
+            "on every rank at all times and only shards gradients and optimizer state (each gradient slice "
+            "reduced to its owner, by default since v0.12.4 as an all-reduce of each bucket, then an all-gather "
+            "of the updated parameters after the step). FSDP2 in this mode holds all "
             "blocks unsharded only from forward to backward, and is sharded again between steps."
         ),
         memory_differences=(

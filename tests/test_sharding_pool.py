@@ -220,7 +220,7 @@ def test_a_hang_in_a_pool_warmed_with_the_same_timeout_names_the_hung_rank_not_i
 
 
 def test_stale_pool_folders_are_removed_only_when_their_owner_is_gone(tmp_path):
-    from sharding_lab.engine.pool import remove_stale_folders
+    from sharding_lab.pool_folders import remove_stale_folders
 
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
     ended.wait()

@@ -25,7 +25,6 @@ import faulthandler
 import gc
 import multiprocessing as mp
 import os
-import shutil
 import signal
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from typing import Any
 
 from sharding_lab.engine import launch
 from sharding_lab.engine.launch import RankContext
+from sharding_lab.pool_folders import FOLDER_PREFIX, remove_stale_folders
 from sharding_lab.run_config import Placement
 
 IDLE_TIMEOUT_S = 300.0  # a pool holds one torch per rank in memory; five quiet minutes and it goes
@@ -44,7 +44,6 @@ IDLE_TIMEOUT_S = 300.0  # a pool holds one torch per rank in memory; five quiet 
 # gloo's timeout in the healthy rank before the hang check named the rank that stopped: it outlasts it.
 GROUP_TIMEOUT_MARGIN_S = 30.0
 _STOP = None  # the task that ends a rank's loop
-FOLDER_PREFIX = "sharding-lab-pool-"  # then the owner's pid: its ranks' stack files
 
 
 class RankPool:
@@ -146,33 +145,6 @@ class RankPool:
             self._results.cancel_join_thread()
             self._stack_dir.cleanup()
             self._processes, self._tasks = [], []
-
-
-def remove_stale_folders(temp_dir: str | None = None) -> list[str]:
-    """Remove the pool folders left by owners that are gone (killed with SIGKILL, so no cleanup ran); the
-    names removed. A folder whose owner pid is alive, or taken again by another process, is kept."""
-    removed = []
-    for folder in Path(temp_dir or tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*-*"):
-        owner = folder.name[len(FOLDER_PREFIX):].split("-", 1)[0]
-        if owner.isdigit() and int(owner) != os.getpid() and not _alive(int(owner)):
-            shutil.rmtree(folder, ignore_errors=True)  # another user's stays: not ours to remove
-            if not folder.exists():
-                removed.append(folder.name)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` is a running process (a zombie, dead but not yet reaped, is not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):  # no /proc (not Linux), or it ended just now
-        return True
 
 
 class Pools:

@@ -573,7 +573,9 @@ def report_communication_volume(a: Volumes) -> Report:
         f"zero2 {volume['zero2']:.2f}Ψ, zero3 {volume['zero3']:.2f}Ψ (paper 2Ψ, 2Ψ, 3Ψ; zero3 skips re-gathering "
         f"the root, {percent(a.root_share)} of Ψ). PyTorch's zero1 moves "
         f"{volume['zero1']:.2f}Ψ: DDP's all-reduce (2Ψ) plus a broadcast of the updated parameters (Ψ), where the "
-        f"paper's stage 1 reduce-scatters and all-gathers (2Ψ), as DeepSpeed's stage 1 does."
+        f"paper's stage 1 reduce-scatters and all-gathers (2Ψ). DeepSpeed's stage 1 does so only with "
+        f"use_multi_rank_bucket_allreduce off; by default (since v0.12.4) it all-reduces the gradient buckets "
+        f"and all-gathers the parameters, about 3Ψ."
         + _ddp_buckets_text(a.ms["ddp"])
     )
     return Report(

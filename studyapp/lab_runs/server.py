@@ -116,7 +116,7 @@ class LabServer:
             except subprocess.TimeoutExpired:
                 return
             # A child killed with SIGKILL (the OOM killer, a `kill -9`) could not remove its pools' folders.
-            from sharding_lab.engine.pool import remove_stale_folders  # no torch
+            from sharding_lab.pool_folders import remove_stale_folders  # no torch
 
             remove_stale_folders()
 
