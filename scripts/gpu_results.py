@@ -24,7 +24,10 @@ def main(work: Path, out: Path) -> int:
     try:
         runs = json.loads(labs_file.read_text())["runs"]
     except (OSError, ValueError, KeyError) as error:
-        runs, labs_error = [], f"{type(error).__name__}: {error}"
+        # The command's own one-line error says why there is no JSON (a failed rank, a refusal).
+        err = work / "labs.err"
+        said = [line for line in err.read_text().splitlines() if line.startswith("sharding-lab")] if err.exists() else []
+        runs, labs_error = [], said[-1] if said else f"{type(error).__name__}: {error}"
     else:
         labs_error = None
     pytest_tail = (work / "pytest.txt").read_text().strip().splitlines()[-1:] if (work / "pytest.txt").exists() else []

@@ -306,6 +306,8 @@ def analytic_leaves_out(request: PlanRequest) -> tuple[str, ...]:
     left_out = [
         "the CUDA context, NCCL's buffers and the caching allocator's reserve and fragmentation "
         "(allocated bytes only; the headroom is for these)",
+        "cuBLAS's workspaces, one per thread that runs matmuls: 2 x 32 MiB on Hopper and later (64 MiB measured "
+        "on an H200), 2 x 8.125 MiB before",
         "LayerNorm's mean/rstd are counted at the compute dtype, as on CPU; CUDA keeps them fp32 "
         "(+8 B per token per block and 4 B per token for the final norm under bf16)",
         "Adam's 4-byte step counter per tensor is counted as GPU memory, as on CPU; on CUDA (foreach=False, "

@@ -208,9 +208,9 @@ def test_a_configuration_that_outlives_itself_fails_loudly():
     import weakref
 
     from sharding_lab.engine.launch import RankContext
-    from sharding_lab.engine.measure import _check_released
+    from sharding_lab.engine.measure import CudaBaseline, _check_released
 
     kept = GPT(config_for("tiny", n_layer=1))
     ctx = RankContext(0, 1, 0, "gloo", torch.device("cpu"), None)
     with pytest.raises(RuntimeError, match="GPT still alive after the configuration ended"):
-        _check_released(ctx, RunConfig.of("ddp"), 0, [weakref.ref(kept)])
+        _check_released(ctx, RunConfig.of("ddp"), CudaBaseline(), [weakref.ref(kept)])

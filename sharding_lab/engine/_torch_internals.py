@@ -379,6 +379,33 @@ def clear_cublas_workspaces() -> None:
     _load("torch._C", "_cuda_clearCublasWorkspaces", "telling a configuration's CUDA memory from torch's own")()
 
 
+
+_LEAK_FEATURE = "naming where a configuration's leaked CUDA memory was allocated"
+
+
+def record_cuda_allocation_stacks() -> None:
+    """Keep each live CUDA block's allocating Python stack (torch.cuda.memory._record_memory_history), so a
+    configuration that leaves memory behind can say where it was allocated. Python stacks only: cheap
+    enough to leave on for a whole run."""
+    record = _load("torch.cuda.memory", "_record_memory_history", _LEAK_FEATURE)
+    record("state", context="alloc", stacks="python")
+
+
+def cuda_live_blocks() -> dict[tuple[int, int], list[str]]:
+    """Every allocated CUDA block as (address, size) -> its allocating stack, innermost frame first (empty
+    where recording was off when it was allocated)."""
+    snapshot = _load("torch.cuda.memory", "_snapshot", _LEAK_FEATURE)()
+    blocks: dict[tuple[int, int], list[str]] = {}
+    for segment in snapshot["segments"]:
+        address = segment["address"]
+        for block in segment["blocks"]:
+            if block["state"] == "active_allocated":
+                frames = block.get("frames") or []
+                blocks[(address, block["size"])] = [f"{f['filename']}:{f['line']} {f['name']}" for f in frames]
+            address += block["size"]
+    return blocks
+
+
 # Every accessor that fetches a name, for a check of this torch (tests call each; clear_cublas_workspaces
 # exists in CUDA builds only and has a test of its own).
 ACCESSORS: dict[str, Callable[[], Any]] = {
@@ -395,6 +422,9 @@ ACCESSORS: dict[str, Callable[[], Any]] = {
     "ModTracker's register_multi_grad_hook": mod_tracker_multi_grad_hook,
     "FakeTensorMode": lambda: fake_tensor_mode(),
     "FakeStore": fake_store,
+    # Resolved, not called: recording needs a GPU.
+    "CUDA allocation history": lambda: _load("torch.cuda.memory", "_record_memory_history", _LEAK_FEATURE),
+    "CUDA allocator snapshot": lambda: _load("torch.cuda.memory", "_snapshot", _LEAK_FEATURE),
     "autograd execution engine": lambda: _attribute(
         _attribute(torch.autograd.Variable, "_execution_engine", "end of backward"), "queue_callback", "end of backward"
     ),

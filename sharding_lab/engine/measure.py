@@ -26,6 +26,7 @@ Ranks return plain JSON values (they cross a process boundary); the parent types
 from __future__ import annotations
 
 import gc
+import os
 import statistics
 import sys
 import time
@@ -33,6 +34,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sharding_lab import analytic, host_memory, torch_versions
@@ -217,27 +219,42 @@ def _measure_on_rank(ctx: RankContext, configs: list[RunConfig]) -> list[dict]:
     return results
 
 
-def _start_clean(ctx: RankContext) -> int:
+TRACE_LEAKS_ENV = "SHARDING_LAB_TRACE_CUDA_LEAKS"  # set: a leak names where its blocks were allocated
+
+
+@dataclass(frozen=True)
+class CudaBaseline:
+    """What a configuration starts from: the CUDA bytes allocated (0 on CPU) and, when tracing, the blocks."""
+
+    allocated: int = 0
+    blocks: frozenset[tuple[int, int]] = frozenset()
+
+
+def _start_clean(ctx: RankContext) -> CudaBaseline:
     """Free what earlier configurations left (FSDP2's modules sit in reference cycles) and reset the CUDA
-    peak, so this configuration's figures are its own; the CUDA bytes still allocated (0 on CPU)."""
+    peak, so this configuration's figures are its own; what is still allocated."""
     import torch
 
     from sharding_lab.engine import _torch_internals as internals
 
     gc.collect()
     if ctx.device.type != "cuda":
-        return 0
+        return CudaBaseline()
     torch.cuda.synchronize(ctx.device)
     internals.clear_cublas_workspaces()  # each configuration's first matmul allocates them anew
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(ctx.device)
-    return torch.cuda.memory_allocated(ctx.device)
+    blocks: frozenset[tuple[int, int]] = frozenset()
+    if os.environ.get(TRACE_LEAKS_ENV):
+        internals.record_cuda_allocation_stacks()
+        blocks = frozenset(internals.cuda_live_blocks())
+    return CudaBaseline(torch.cuda.memory_allocated(ctx.device), blocks)
 
 
 RELEASE_GRACE_S = 5.0  # how long a finished configuration's CUDA memory may take to come back
 
 
-def _check_released(ctx: RankContext, config: RunConfig, baseline: int, alive: list[weakref.ref]) -> None:
+def _check_released(ctx: RankContext, config: RunConfig, baseline: CudaBaseline, alive: list[weakref.ref]) -> None:
     """Fail loudly if the configuration outlived itself: its model or optimizer still referenced, or
     CUDA bytes allocated beyond the baseline it started from."""
     import torch
@@ -256,13 +273,31 @@ def _check_released(ctx: RankContext, config: RunConfig, baseline: int, alive: l
     while True:
         torch.cuda.synchronize(ctx.device)
         internals.clear_cublas_workspaces()  # torch's own, kept from the first matmul on: not a leak
-        left = torch.cuda.memory_allocated(ctx.device) - baseline
+        # A tensor a collective recorded on its stream (gloo's CUDA path, DDP's bucket all-reduce) is freed
+        # only when the allocator next processes its events: it counts as allocated until then, so DDP's
+        # gradient buckets read as a leak on the H200 (240,640 B: tiny's one bucket). empty_cache does it.
+        torch.cuda.empty_cache()
+        left = torch.cuda.memory_allocated(ctx.device) - baseline.allocated
         if left <= 0:
             return
         if time.monotonic() > deadline:
-            raise RuntimeError(f"{config.label}: {left:,} CUDA bytes still allocated after the configuration ended")
+            raise RuntimeError(f"{config.label}: {left:,} CUDA bytes still allocated after the configuration ended"
+                               + _leaked_blocks(baseline))
         time.sleep(0.05)
         gc.collect()
+
+
+def _leaked_blocks(baseline: CudaBaseline, shown: int = 4, depth: int = 8) -> str:
+    """The largest blocks allocated since the baseline, each with where it was allocated; or how to see them."""
+    from sharding_lab.engine import _torch_internals as internals
+
+    if not os.environ.get(TRACE_LEAKS_ENV):
+        return f" (set {TRACE_LEAKS_ENV}=1 to name where its blocks were allocated)"
+    new = sorted(((size, frames) for (address, size), frames in internals.cuda_live_blocks().items()
+                  if (address, size) not in baseline.blocks), key=lambda block: -block[0])
+    # One line: a rank's failure is summed up by its error's first line.
+    sites = [f"{size:,} B at " + (" <- ".join(frames[:depth]) or "(no stack recorded)") for size, frames in new[:shown]]
+    return f"; {len(new)} block(s) allocated since it started, the largest: " + "; ".join(sites)
 
 
 def _build(ctx: RankContext, config: RunConfig):
