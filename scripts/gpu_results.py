@@ -44,11 +44,13 @@ def main(work: Path, out: Path) -> int:
         "simulator_vs_rank_view": comparisons,
         "planner_vs_rank_view": planner,
         # tests/test_sharding_gpu.py's figures: configurations in one launch against each alone, two ranks
-        # on one GPU, DDP's mixed precision beside the allocator, what a matmul leaves allocated
+        # on one GPU, DDP's mixed precision beside the allocator, what a matmul leaves allocated, what a
+        # deleted DDP model leaves
         "independence": _rows(work, "independence"),
         "one_gpu": _rows(work, "one_gpu"),
         "ddp_mixed_precision": _rows(work, "ddp_mixed_precision"),
         "cublas_workspace": _rows(work, "cublas_workspace"),
+        "ddp_leak_probe": _rows(work, "ddp_leak_probe"),  # bare DDP deleted on CUDA: what each variant leaves
         "labs": {
             run["lab"]: {
                 "holds": run["holds"],

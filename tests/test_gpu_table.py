@@ -47,6 +47,8 @@ def _results() -> dict:
         "ddp_mixed_precision": [{"size": "gpt2-medium", "num_params": 400 * MIB, "tracked_peak": 8 * GIB,
                                  "cuda_peak": 10 * GIB, "tracked_categories_at_peak": {"params": 8 * GIB, "grads": 0}}],
         "cublas_workspace": [{"bytes_kept_after_a_matmul": 32 * MIB}],
+        "ddp_leak_probe": [{"backend": "nccl", "comm_hook": True, "gradient_as_bucket_view": True, "steps": 3,
+                            "bytes_left": 6_303_744}],
         "labs": {"a-lab": {"holds": True, "finding": "", "reasons": [], "placement": ["rank-view"]},
                  "b-lab": {"holds": False, "finding": "", "reasons": ["overlap was 0%"], "placement": ["ranks"]}},
         "labs_error": None,
@@ -83,6 +85,7 @@ def test_every_figure_is_rendered_with_what_it_is():
     assert "the tracker missed 2.00 GiB, 25.0% of its peak and 5.12 B per parameter (derived)" in rendered
     assert "categories at its peak: params 8.00 GiB." in rendered  # a category at zero is left out
     assert "one matmul left 32.0 MiB allocated" in rendered
+    assert "| nccl, allreduce_hook, gradient_as_bucket_view=True, 3 step(s) | 6,303,744 |" in rendered
     assert "1 of 2 hold; placements used: rank-view, ranks. `b-lab` does not hold: overlap was 0%." in rendered
     assert "Not recorded" not in rendered
 
