@@ -273,9 +273,9 @@ def _check_released(ctx: RankContext, config: RunConfig, baseline: CudaBaseline,
     while True:
         torch.cuda.synchronize(ctx.device)
         internals.clear_cublas_workspaces()  # torch's own, kept from the first matmul on: not a leak
-        # A tensor a collective recorded on its stream (gloo's CUDA path, DDP's bucket all-reduce) is freed
-        # only when the allocator next processes its events: it counts as allocated until then, so DDP's
-        # gradient buckets read as a leak on the H200 (240,640 B: tiny's one bucket). empty_cache does it.
+        # A tensor a collective recorded on its stream (gloo's CUDA path) is freed only when the allocator
+        # next processes its events, and counts as allocated until then: empty_cache processes them. (That
+        # is not what keeps DDP's gradient buckets on CUDA: they stayed after it on the H200; see README.)
         torch.cuda.empty_cache()
         left = torch.cuda.memory_allocated(ctx.device) - baseline.allocated
         if left <= 0:
