@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sharding_lab.labs.registry import LABS  # metadata only: no torch
@@ -137,13 +138,38 @@ def stop_group(process: subprocess.Popen, grace_s: float = TERM_GRACE_S) -> None
     """Stop the process and everything in its group: SIGTERM first, which the lab CLI answers by
     stopping its ranks and removing its temporary files (a SIGKILL would leave them, and the
     semaphores its ranks share in /dev/shm); SIGKILL for the whole group after `grace_s`."""
-    if not exited(process, 0.0):
+    if exited(process, 0.0):
+        # Killed outright (SIGKILL, the OOM killer): multiprocessing's resource tracker, in its group, unlinks
+        # the semaphores it left once its ranks are gone. A SIGKILL now would leave them in /dev/shm.
+        _group_left(process.pid, grace_s)
+    else:
         try:
             process.send_signal(signal.SIGTERM)
         except ProcessLookupError:
             pass
         exited(process, grace_s)
     _kill_group(process)
+
+
+def _group_left(leader: int, timeout_s: float) -> bool:
+    """Wait up to `timeout_s` for every live process but the (exited) leader to leave its group; whether
+    they did. Without /proc (not Linux) it cannot tell, and says they did."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        others = False
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+            except (OSError, ValueError):
+                continue  # ended while we looked
+            if int(group) == leader and int(stat.parent.name) != leader and state != "Z":
+                others = True
+                break
+        if not others:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
 
 
 def exited(process: subprocess.Popen, timeout_s: float) -> bool:
