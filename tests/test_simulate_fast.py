@@ -200,3 +200,33 @@ def test_inside_a_blocks_backward_the_two_methods_file_unsharded_gradients_apart
         "the categories differ only in filing: 1.5 MiB of unsharded gradients, which the analytic model counts "
         "as gradients from the moment they are computed and FSDPMemTracker as temporaries until their unit's "
         "post-backward hands them to its reduce-scatter")
+
+
+@pytest.mark.slow
+def test_the_forked_run_gives_the_bytes_of_both_runs_in_this_process(monkeypatch, tmp_path):
+    """The 4-block run goes to a forked copy of the process while this one runs 3 blocks: the same bytes
+    as both runs here, one after the other."""
+    import os
+
+    from sharding_lab.engine import simulate as simulate_module
+
+    step_timeline = simulate_module._step_timeline
+    runs = tmp_path / "runs"
+
+    def noting_the_process(config, model_config, mesh, n_blocks, warmup):
+        with runs.open("a") as log:  # the forked child inherits this wrapper and appends its own line
+            log.write(f"{n_blocks} {os.getpid()}\n")
+        return step_timeline(config, model_config, mesh, n_blocks, warmup)
+
+    monkeypatch.setattr(simulate_module, "_step_timeline", noting_the_process)
+    config = CONFIGS["all at once: hsdp 2x4, zero2, bf16, checkpointing, accum 2, L=8"]
+    monkeypatch.setattr(simulate_module, "_can_fork", lambda: True)
+    forked = simulate_module.simulate(config)
+    where = dict(line.split() for line in runs.read_text().splitlines())
+    assert where["3"] == str(os.getpid()) != where["4"]
+    runs.unlink()
+    monkeypatch.setattr(simulate_module, "_can_fork", lambda: False)
+    serial = simulate_module.simulate(config)
+    assert dict(line.split() for line in runs.read_text().splitlines()) == {"3": str(os.getpid()), "4": str(os.getpid())}
+    assert forked.extrapolated and serial.extrapolated
+    assert _bytes(forked) == _bytes(serial)
