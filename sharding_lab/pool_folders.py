@@ -8,6 +8,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from sharding_lab.proc_stat import read_stat
+
 FOLDER_PREFIX = "sharding-lab-pool-"  # then the owner's pid: its ranks' stack files
 
 
@@ -32,7 +34,5 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:  # another user's process
         return True
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):  # no /proc (not Linux), or it ended just now
-        return True
+    stat = read_stat(pid)
+    return stat is None or stat.live  # None: no /proc (not Linux), or it ended just now

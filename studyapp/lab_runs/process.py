@@ -16,10 +16,10 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from sharding_lab.labs.registry import LABS  # metadata only: no torch
+from sharding_lab.proc_stat import every_process
 from sharding_lab.run_config import DEVICES  # no torch
 from studyapp.models import LabRun, RunStatus
 
@@ -156,16 +156,7 @@ def _group_left(leader: int, timeout_s: float) -> bool:
     they did. Without /proc (not Linux) it cannot tell, and says they did."""
     deadline = time.monotonic() + timeout_s
     while True:
-        others = False
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                state, _, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
-            except (OSError, ValueError):
-                continue  # ended while we looked
-            if int(group) == leader and int(stat.parent.name) != leader and state != "Z":
-                others = True
-                break
-        if not others:
+        if not any(stat.group == leader and stat.pid != leader and stat.live for stat in every_process()):
             return True
         if time.monotonic() >= deadline:
             return False

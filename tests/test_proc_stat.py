@@ -1,0 +1,61 @@
+"""/proc/<pid>/stat read as the state and group `ps` shows."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sharding_lab.proc_stat import every_process, read_stat
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux's /proc")
+
+
+def _ps(pid: int, field: str) -> str:
+    return subprocess.run(["ps", "-o", f"{field}=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
+
+
+def test_a_sleeping_child_has_the_state_and_group_ps_gives():
+    child = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        time.sleep(0.2)
+        stat = read_stat(child.pid)
+        assert stat is not None and stat.live
+        assert stat.state == _ps(child.pid, "stat")[0] == "S"
+        assert stat.group == int(_ps(child.pid, "pgid")) == child.pid  # a new session leads its own group
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_command_name_holding_a_parenthesis_and_spaces_is_read_past():
+    # A process may rename only itself: this one takes a name that mimics the fields after it.
+    script = "import pathlib, sys, time; pathlib.Path('/proc/self/comm').write_text('x) Z 1 2'); print(flush=True); time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    try:
+        child.stdout.readline()
+        assert Path(f"/proc/{child.pid}/comm").read_text() == "x) Z 1 2\n"
+        stat = read_stat(child.pid)
+        assert stat is not None and stat.state == "S" and stat.group == os.getpgrp()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_an_ended_unreaped_child_is_a_zombie_and_a_reaped_one_is_gone():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 30
+    while (stat := read_stat(child.pid)) is not None and stat.live and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert stat is not None and stat.state == "Z" and not stat.live
+    child.wait()
+    assert read_stat(child.pid) is None
+
+
+def test_every_process_includes_this_one_with_its_group():
+    mine = [stat for stat in every_process() if stat.pid == os.getpid()]
+    assert len(mine) == 1 and mine[0].group == os.getpgrp() and mine[0].state == "R"
