@@ -6,10 +6,12 @@ Targets, for the 70B at 1024 ranks:
 - `sharding-lab plan ... --simulate --json` answers within 5 s, process start, torch's import and the
   exit included. The best of three runs, as `timeit` takes: this machine is shared, and a slower run
   measures the other processes;
-- the extrapolated simulation takes at most 1/8 of the full one's time inside `simulate()`, counted in
-  CPU seconds (the same work whatever else runs; the wall-time ratio is printed beside it), its forked
-  run's included (os.times counts a child once it is reaped). The import is the same for both, so the
-  ratio leaves it out.
+- the extrapolated simulation takes at most 1/8 of the full one's time inside `simulate()`, in wall
+  seconds: the time to an answer, which the issue's "1/8 of today's time" asks for. The CPU-second
+  ratio is printed beside it. Before the extrapolation's two runs went to two processes, the figure
+  was that CPU ratio, steadier on a shared machine, but a forked run makes CPU seconds exceed wall
+  seconds by design (each process takes torch's first-time paths). os.times counts the child once it
+  is reaped. The import is the same for both, so the ratio leaves it out.
 Both methods must give the same bytes, and the plan's simulated peak must be theirs: when they do not,
 the figures are reported as missed.
 """
@@ -78,7 +80,7 @@ def run() -> list[Figure]:
         plan_s = min(seconds for seconds, _ in plans)
         same = _same_bytes(full, fast)
         plan_same = all(peak == fast["peak_bytes"] for _, peak in plans)
-        ratio = fast["cpu_s"] / full["cpu_s"]
+        ratio = fast["wall_s"] / full["wall_s"]
         states = fast["model_states"]
         setting = (
             f"{size} ({fast['num_params'] / 1e9:.1f}B params) at {world_size} ranks, batch {BATCH} x seq {SEQ}: "
@@ -107,12 +109,12 @@ def run() -> list[Figure]:
                 f"({fast['cpu_s']:.2f} CPU s), peak host RSS {fast['peak_rss_bytes'] / 2**20:.0f} MiB; {fast['method']}",
             ),
             Figure(
-                name=f"{label}: extrapolated / full, CPU s in simulate()",
+                name=f"{label}: extrapolated / full, wall s in simulate()",
                 value=ratio if same else float("inf"),
                 unit="x",
                 target=f"<= {RATIO_TARGET:.3f}" if size == "70b" else "",
-                detail=f"{fast['cpu_s']:.2f} / {full['cpu_s']:.2f} CPU s = 1/{1 / ratio:.1f} (wall: {fast['wall_s']:.2f} / "
-                f"{full['wall_s']:.2f} s = 1/{full['wall_s'] / fast['wall_s']:.1f}); the same bytes (peak, its "
+                detail=f"{fast['wall_s']:.2f} / {full['wall_s']:.2f} s = 1/{1 / ratio:.1f} (CPU, the forked run's "
+                f"included: {fast['cpu_s']:.2f} / {full['cpu_s']:.2f} s = {fast['cpu_s'] / full['cpu_s']:.3f}); the same bytes (peak, its "
                 f"breakdown, each category's peak, after forward, after the step): {'yes' if same else 'NO'}",
             ),
         ]
