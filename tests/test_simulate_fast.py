@@ -202,31 +202,64 @@ def test_inside_a_blocks_backward_the_two_methods_file_unsharded_gradients_apart
         "post-backward hands them to its reduce-scatter")
 
 
+# Run in a fresh interpreter: a process with no other thread, as the fork needs (pytest's may hold a
+# thread an earlier test left), which the real `_can_fork` must then allow.
+_FORKED_AGAINST_SERIAL = """
+import json, os, sys
+from sharding_lab.engine import simulate as simulate_module
+from sharding_lab.run_config import RunConfig
+
+step_timeline = simulate_module._step_timeline
+runs = sys.argv[1]
+
+def noting_the_process(config, model_config, mesh, n_blocks, warmup):
+    with open(runs, "a") as log:  # the forked child inherits this wrapper and appends its own line
+        log.write(f"{n_blocks} {os.getpid()}\\n")
+    return step_timeline(config, model_config, mesh, n_blocks, warmup)
+
+def where():
+    with open(runs) as log:
+        found = dict(line.split() for line in log.read().splitlines())
+    os.remove(runs)
+    return found
+
+def as_bytes(result):
+    return [result.extrapolated, result.peak_bytes, result.peak_breakdown, result.category_peaks,
+            result.after_forward, result.after_step]
+
+simulate_module._step_timeline = noting_the_process
+config = RunConfig.of("zero2", world_size=8, size="tiny", seq_len=16, batch_size=3, replicas=2, mixed_precision=True,
+                      activation_checkpointing=True, grad_accum_steps=2, model_overrides={"n_layer": 8})
+can_fork = simulate_module._can_fork()
+forked = as_bytes(simulate_module.simulate(config))
+forked_where = where()
+simulate_module._can_fork = lambda: False
+serial = as_bytes(simulate_module.simulate(config))
+print(json.dumps({"pid": os.getpid(), "can_fork": can_fork, "forked": forked, "forked_where": forked_where,
+                  "serial": serial, "serial_where": where()}))
+"""
+
+
 @pytest.mark.slow
-def test_the_forked_run_gives_the_bytes_of_both_runs_in_this_process(monkeypatch, tmp_path):
-    """The 4-block run goes to a forked copy of the process while this one runs 3 blocks: the same bytes
-    as both runs here, one after the other."""
+def test_the_forked_run_gives_the_bytes_of_both_runs_in_one_process(tmp_path):
+    """The 4-block run goes to a forked copy of the process while the process runs 3 blocks: the same
+    bytes as both runs in one process, one after the other."""
+    import json
     import os
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    from sharding_lab.engine import simulate as simulate_module
-
-    step_timeline = simulate_module._step_timeline
-    runs = tmp_path / "runs"
-
-    def noting_the_process(config, model_config, mesh, n_blocks, warmup):
-        with runs.open("a") as log:  # the forked child inherits this wrapper and appends its own line
-            log.write(f"{n_blocks} {os.getpid()}\n")
-        return step_timeline(config, model_config, mesh, n_blocks, warmup)
-
-    monkeypatch.setattr(simulate_module, "_step_timeline", noting_the_process)
-    config = CONFIGS["all at once: hsdp 2x4, zero2, bf16, checkpointing, accum 2, L=8"]
-    monkeypatch.setattr(simulate_module, "_can_fork", lambda: True)
-    forked = simulate_module.simulate(config)
-    where = dict(line.split() for line in runs.read_text().splitlines())
-    assert where["3"] == str(os.getpid()) != where["4"]
-    runs.unlink()
-    monkeypatch.setattr(simulate_module, "_can_fork", lambda: False)
-    serial = simulate_module.simulate(config)
-    assert dict(line.split() for line in runs.read_text().splitlines()) == {"3": str(os.getpid()), "4": str(os.getpid())}
-    assert forked.extrapolated and serial.extrapolated
-    assert _bytes(forked) == _bytes(serial)
+    completed = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _FORKED_AGAINST_SERIAL, str(tmp_path / "runs")],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    assert completed.returncode == 0, completed.stderr
+    found = json.loads(completed.stdout)
+    pid = str(found["pid"])
+    assert found["can_fork"]
+    assert found["forked_where"]["3"] == pid != found["forked_where"]["4"]
+    assert found["serial_where"] == {"3": pid, "4": pid}
+    assert found["forked"][0] and found["serial"][0]  # both extrapolated
+    assert found["forked"] == found["serial"]
