@@ -78,3 +78,20 @@ def test_an_abandoned_child_is_killed_and_reaped():
     assert time.monotonic() - started < 10
     with pytest.raises(ChildProcessError):  # reaped: there is nothing left to wait for
         os.waitpid(child.pid, 0)
+
+
+def test_a_caller_interrupted_while_waiting_takes_the_child_with_it():
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    child = forked.start(lambda: time.sleep(60))
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.3)  # arrives while result() reads the pipe
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            child.result("the call")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    with pytest.raises(ChildProcessError):  # killed and reaped, not left sleeping
+        os.waitpid(child.pid, 0)

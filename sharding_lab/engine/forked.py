@@ -33,8 +33,12 @@ class ForkedCall:
 
     def result(self, what: str) -> Any:
         """The call's return value; its exception raised again (or ForkedCallFailed naming `what`)."""
-        with os.fdopen(self._pipe, "rb") as pipe:
-            data = pipe.read()  # before waiting: a result larger than the pipe holds blocks the child until read
+        try:
+            with os.fdopen(self._pipe, "rb") as pipe:
+                data = pipe.read()  # before waiting: a result larger than the pipe holds blocks the child until read
+        except BaseException:  # interrupted (Ctrl-C, the app's SIGTERM): the child goes with the caller
+            self._end()
+            raise
         _, status = os.waitpid(self.pid, 0)
         if not data:
             raise ForkedCallFailed(f"{what} ended without an answer ({_ending(status)})")
@@ -47,11 +51,14 @@ class ForkedCall:
 
     def abandon(self) -> None:
         """End the child now (the caller is failing anyway) and reap it."""
+        os.close(self._pipe)
+        self._end()
+
+    def _end(self) -> None:
         try:
             os.kill(self.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        os.close(self._pipe)
         os.waitpid(self.pid, 0)
 
 
