@@ -227,15 +227,24 @@ def as_bytes(result):
     return [result.extrapolated, result.peak_bytes, result.peak_breakdown, result.category_peaks,
             result.after_forward, result.after_step]
 
+def autograd_refused():
+    raise simulate_module.AutogradUnusableInFork("as torch refuses a backward in a fork after its device threads")
+
 simulate_module._step_timeline = noting_the_process
 config = RunConfig.of("zero2", world_size=8, size="tiny", seq_len=16, batch_size=3, replicas=2, mixed_precision=True,
                       activation_checkpointing=True, grad_accum_steps=2, model_overrides={"n_layer": 8})
 can_fork = simulate_module._can_fork()
 forked = as_bytes(simulate_module.simulate(config))
 forked_where = where()
-simulate_module._can_fork = lambda: False
+# A forked copy that cannot run a backward (a CUDA build after this process's first backward): the
+# process runs that block count itself, and forks no more.
+simulate_module._check_autograd_runs = autograd_refused
+refused = as_bytes(simulate_module.simulate(config))
+refused_where = where()
+can_fork_after = simulate_module._can_fork()
 serial = as_bytes(simulate_module.simulate(config))
 print(json.dumps({"pid": os.getpid(), "can_fork": can_fork, "forked": forked, "forked_where": forked_where,
+                  "refused": refused, "refused_where": refused_where, "can_fork_after": can_fork_after,
                   "serial": serial, "serial_where": where()}))
 """
 
@@ -243,7 +252,7 @@ print(json.dumps({"pid": os.getpid(), "can_fork": can_fork, "forked": forked, "f
 @pytest.mark.slow
 def test_the_forked_run_gives_the_bytes_of_both_runs_in_one_process(tmp_path):
     """The 4-block run goes to a forked copy of the process while the process runs 3 blocks: the same
-    bytes as both runs in one process, one after the other."""
+    bytes as both runs in one process, one after the other, and as when the copy cannot run a backward."""
     import json
     import os
     import subprocess
@@ -260,6 +269,8 @@ def test_the_forked_run_gives_the_bytes_of_both_runs_in_one_process(tmp_path):
     pid = str(found["pid"])
     assert found["can_fork"]
     assert found["forked_where"]["3"] == pid != found["forked_where"]["4"]
+    assert found["refused_where"]["3"] == pid and found["refused_where"]["4"] == pid
+    assert not found["can_fork_after"]
     assert found["serial_where"] == {"3": pid, "4": pid}
     assert found["forked"][0] and found["serial"][0]  # both extrapolated
-    assert found["forked"] == found["serial"]
+    assert found["forked"] == found["refused"] == found["serial"]

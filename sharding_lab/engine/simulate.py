@@ -233,22 +233,56 @@ def _timelines(
     def timeline(n_blocks: int) -> extrapolation.Timeline:
         return _in_fake_group(config, lambda mesh: _step_timeline(config, model_config, mesh, n_blocks, warmup))
 
+    global _fork_unusable
     if not _can_fork():
         return [timeline(n) for n in runs]
     *here, there = runs
-    child = forked.start(lambda: timeline(there))
+
+    def checked_timeline() -> extrapolation.Timeline:
+        _check_autograd_runs()
+        return timeline(there)
+
+    child = forked.start(checked_timeline)
     try:
         ours = [timeline(n) for n in here]
     except BaseException:
         child.abandon()
         raise
-    return [*ours, child.result(f"the {there}-block simulation run")]
+    try:
+        theirs = child.result(f"the {there}-block simulation run")
+    except AutogradUnusableInFork:
+        _fork_unusable = True  # for good: the engine's threads stay started in this process
+        theirs = timeline(there)
+    return [*ours, theirs]
+
+
+class AutogradUnusableInFork(RuntimeError):
+    """A forked copy of this process cannot run a backward: torch's autograd engine had started its
+    device threads before the fork (https://github.com/pytorch/pytorch/wiki/Autograd-and-Fork)."""
+
+
+def _check_autograd_runs() -> None:
+    """In the forked copy, before its run: one tiny backward. Torch gives no way to ask beforehand
+    whether the engine's device threads have started (a CUDA build starts them on the first backward,
+    even on a machine without a GPU; a CPU build never does)."""
+    try:
+        torch.ones(1, requires_grad=True).sum().backward()
+    except RuntimeError as error:
+        raise AutogradUnusableInFork(str(error)) from None
+
+
+_fork_unusable = False  # set once a forked copy could not run a backward
 
 
 def _can_fork() -> bool:
     """Forking copies only the calling thread: safe while this process runs no other thread (Python's or
-    CUDA's), and only where fork exists."""
-    return forked.available() and threading.active_count() == 1 and not torch.cuda.is_initialized()
+    CUDA's), only where fork exists, and only while a forked copy can still run a backward."""
+    return (
+        not _fork_unusable
+        and forked.available()
+        and threading.active_count() == 1
+        and not torch.cuda.is_initialized()
+    )
 
 
 def _model_config(config: RunConfig) -> GPTConfig:
