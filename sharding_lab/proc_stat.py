@@ -34,6 +34,8 @@ def read_stat(pid: int) -> ProcessStat | None:
 
 
 def every_process() -> list[ProcessStat]:
-    """Every process /proc shows now (one that ends while it is read is left out)."""
+    """Every process /proc shows now (one that ends while it is read is left out; none without /proc)."""
+    if not PROC.is_dir():
+        return []
     found = (read_stat(int(entry.name)) for entry in PROC.iterdir() if entry.name.isdigit())
     return [stat for stat in found if stat is not None]

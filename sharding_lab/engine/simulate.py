@@ -229,11 +229,11 @@ def _timelines(
     this process can fork safely: the pair then takes the longer run's time rather than the sum (on two
     cores, 70b at 1024 ranks: two runs of ~1.1 s each). Each run has its own warm-up, so its bytes do
     not depend on what ran before it (a test holds both ways byte-equal)."""
+    global _fork_unusable
 
     def timeline(n_blocks: int) -> extrapolation.Timeline:
         return _in_fake_group(config, lambda mesh: _step_timeline(config, model_config, mesh, n_blocks, warmup))
 
-    global _fork_unusable
     if not _can_fork():
         return [timeline(n) for n in runs]
     *here, there = runs

@@ -141,7 +141,7 @@ def stop_group(process: subprocess.Popen, grace_s: float = TERM_GRACE_S) -> None
     if exited(process, 0.0):
         # Killed outright (SIGKILL, the OOM killer): multiprocessing's resource tracker, in its group, unlinks
         # the semaphores it left once its ranks are gone. A SIGKILL now would leave them in /dev/shm.
-        _group_left(process.pid, grace_s)
+        _wait_for_group_to_leave(process.pid, grace_s)
     else:
         try:
             process.send_signal(signal.SIGTERM)
@@ -151,15 +151,13 @@ def stop_group(process: subprocess.Popen, grace_s: float = TERM_GRACE_S) -> None
     _kill_group(process)
 
 
-def _group_left(leader: int, timeout_s: float) -> bool:
-    """Wait up to `timeout_s` for every live process but the (exited) leader to leave its group; whether
-    they did. Without /proc (not Linux) it cannot tell, and says they did."""
+def _wait_for_group_to_leave(leader: int, timeout_s: float) -> None:
+    """Wait up to `timeout_s` for every live process but the (exited) leader to leave its group (what
+    is left is killed next). Without /proc (not Linux) it cannot tell, and returns at once."""
     deadline = time.monotonic() + timeout_s
-    while True:
-        if not any(stat.group == leader and stat.pid != leader and stat.live for stat in every_process()):
-            return True
+    while any(stat.group == leader and stat.pid != leader and stat.live for stat in every_process()):
         if time.monotonic() >= deadline:
-            return False
+            return
         time.sleep(0.05)
 
 
