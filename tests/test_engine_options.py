@@ -149,6 +149,8 @@ def test_a_tied_head_is_one_parameter_sharded_once_with_the_summed_gradient():
         ({"strategy": "zero3", "replicas": 0}, "replicas must be at least 1, got 0"),
         ({"strategy": "zero3", "grad_accum_steps": 0}, "grad_accum_steps must be at least 1"),
         ({"strategy": "zero3", "grad_accum_steps": 2, "check_gradients": True}, "use grad_accum_steps=1"),
+        ({"strategy": "zero3", "warmup_steps": -1}, "warmup_steps must be at least 0, got -1"),
+        ({"strategy": "zero3", "warmup_steps": 0, "check_gradients": True}, "check_gradients needs at least one"),
     ],
 )
 def test_impossible_option_combinations_are_refused_by_name(options, message):

@@ -223,10 +223,10 @@ def _record_both_ways(ctx, run) -> dict[str, dict]:
         with tracker.phase("optimizer") if tracker else nullcontext():
             optimizer.step()
 
-    for number in range(run.warmup_steps):
+    for number in range(run.steps_before_tracked):
         step(number)
     recorded = {}
-    for number, method in enumerate(("dispatch", "wrap"), start=run.warmup_steps):
+    for number, method in enumerate(("dispatch", "wrap"), start=run.steps_before_tracked):
         with MemoryTracker(model, optimizer, ctx.device):
             tracker = CommTracker(model, ctx.world_size, method=method, mesh=mesh)
             with tracker:

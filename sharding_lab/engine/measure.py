@@ -7,8 +7,8 @@ the same process group: starting processes and importing torch is the slow part 
 
 Each configuration, on every rank:
 1. build the GPT (on the meta device for FSDP, which shards before materializing), parallelize it;
-2. warm-up steps: FSDP's lazy init, Adam's state and DDP's bucket rebuild all happen here, so the
-   measured step is a steady one. With `check_gradients`, the first warm-up step also compares the full
+2. warm-up steps (`RunConfig.steps_before_tracked`: one for FSDP, two for DDP): FSDP's lazy init,
+   Adam's state and DDP's bucket rebuild all happen here, so the measured step is a steady one. With `check_gradients`, the first warm-up step also compares the full
    gradient with a single-process reference on the same global batch;
 3. one measured step under the memory and communication trackers, phase by phase;
 4. plain timed steps for `step_time_s` (the trackers slow a step down; `timed_steps=0` times none, and
@@ -125,7 +125,7 @@ def _combine(config: RunConfig, choice: PlacementChoice, ranks: list[dict]) -> M
         "replicas": config.options.replicas,
         "grad_accum_steps": config.grad_accum_steps,
         "batch_size_per_rank": config.batch_size,
-        "warmup_steps": config.warmup_steps,
+        "warmup_steps": config.steps_before_tracked,
         "timed_steps": config.timed_steps,
         "seed": config.seed,
     }
@@ -393,7 +393,7 @@ def _measure_one(ctx: RankContext, config: RunConfig, index: int, count: int, al
         return total
 
     parity = None
-    for step in range(config.warmup_steps):
+    for step in range(config.steps_before_tracked):
         if step == 0 and config.check_gradients:
             tolerance = MIXED_PRECISION_TOLERANCE if config.options.mixed_precision else TOLERANCE
             parity = gradient_parity(
@@ -405,7 +405,7 @@ def _measure_one(ctx: RankContext, config: RunConfig, index: int, count: int, al
 
     # The measured step. The cycle collector stays off during it, so when it happens to run cannot move
     # the figures (the warm-up steps leave FSDP2's reference cycles behind).
-    step = config.warmup_steps
+    step = config.steps_before_tracked
     gc.collect()
     gc.disable()
     try:

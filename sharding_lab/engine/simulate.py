@@ -153,7 +153,7 @@ def simulate(config: RunConfig, *, method: str = EXTRAPOLATED, warmup: Warmup = 
     """
     if not config.strategy.fully_sharded:
         raise ValueError(f"the simulation runs FSDP2 (zero2, zero3); {config.strategy} is not one")
-    if config.warmup_steps < 1:
+    if config.steps_before_tracked < 1:
         # The first step creates Adam's state, and which temporaries that takes on fake tensors depends on
         # what ran before in the process (DTensor's dispatch takes a longer path the first time).
         raise ValueError("the simulation tracks a step after warm-up: warmup_steps must be at least 1")
@@ -360,7 +360,7 @@ def _run(config: RunConfig, model_config: GPTConfig, mesh, observe, warmup: Warm
             lambda *_: marks.__setitem__("optimizer_start", _vector(internals.tracker_current_snapshot(tracker)))
         )
         with internals.multi_grad_hooks_removed_on_exit(), tracker:
-            _train_step(config, model_config, model, optimizer, config.warmup_steps, tracker, marks)
+            _train_step(config, model_config, model, optimizer, config.steps_before_tracked, tracker, marks)
             marks["after_step"] = _vector(internals.tracker_current_snapshot(tracker))
         handle.remove()
     if "optimizer_start" not in marks:
