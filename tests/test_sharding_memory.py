@@ -148,8 +148,8 @@ def test_at_four_ranks_fsdp_holds_a_quarter_of_what_ddp_holds():
 
 def _steady(rank, *, peak_moment: bool):
     """A rank's figures but its temporaries: when gloo's worker thread completes a collective moves them
-    from run to run even for one configuration alone (zero2's most temporaries at once: 111,872 or
-    124,928 B). Where two moments of a step come within a few percent, that also moves the step's peak
+    from run to run even for one configuration alone (zero2's most temporaries at once: 111,872, 124,928
+    or 162,688 B). Where two moments of a step come within a few percent, that also moves the step's peak
     from one to the other, with its breakdown (zero3 bf16: 745,240 or 770,584 B; zero3 without
     prefetch: 1,062,876 or 1,105,372 B, in repeated runs of one configuration): `peak_moment=False`
     leaves the peak and its breakdown out, and keeps each category's own maximum."""

@@ -8,8 +8,9 @@ the same process group: starting processes and importing torch is the slow part 
 Each configuration, on every rank:
 1. build the GPT (on the meta device for FSDP, which shards before materializing), parallelize it;
 2. warm-up steps (`RunConfig.steps_before_tracked`: one for FSDP, two for DDP): FSDP's lazy init,
-   Adam's state and DDP's bucket rebuild all happen here, so the measured step is a steady one. With `check_gradients`, the first warm-up step also compares the full
-   gradient with a single-process reference on the same global batch;
+   Adam's state and DDP's bucket rebuild all happen here, so the measured step is a steady one. With
+   `check_gradients`, the first warm-up step also compares the full gradient with a single-process
+   reference on the same global batch;
 3. one measured step under the memory and communication trackers, phase by phase;
 4. plain timed steps for `step_time_s` (the trackers slow a step down; `timed_steps=0` times none, and
    `step_time_s` is then None); on CUDA over NCCL one more runs under the profiler to see whether
