@@ -15,11 +15,11 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
+from live_server import wait_for
 from sqlmodel import Session, select
 from test_sharding_launch import shared_semaphores
 
@@ -58,16 +58,6 @@ def start(app):
     yield start_it
     for worker in workers:
         worker.stop()
-
-
-def wait_for(predicate: Callable[[], object], timeout_s: float = 30.0, what: str = "condition") -> object:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def runs(app) -> list[LabRun]:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from live_server import wait_for
 
 from sharding_lab.proc_stat import ProcessStat, every_process, read_stat
 
@@ -19,13 +20,10 @@ def _ps(pid: int, field: str) -> str:
     return subprocess.run(["ps", "-o", f"{field}=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
 
 
-def _once_asleep(pid: int) -> ProcessStat | None:
+def _once_asleep(pid: int) -> ProcessStat:
     """The child's stat once it has reached its sleep: on a loaded machine it may still be running ("R") or
     loading its program ("D")."""
-    deadline = time.monotonic() + 30
-    while (stat := read_stat(pid)) is not None and stat.state != "S" and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return stat
+    return wait_for(lambda: (stat := read_stat(pid)) is not None and stat.state == "S" and stat, 30, "the child asleep")
 
 
 def test_a_sleeping_child_has_the_state_and_group_ps_gives():
