@@ -20,6 +20,7 @@ from flask import Flask
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DATABASE_URL_ENV = "STUDYAPP_DATABASE_URL"
 SECRET_KEY_FILE = "secret_key"
+CONFIG_FILE = "config.py"  # in the instance folder
 
 DEFAULTS: dict[str, Any] = {
     "NEW_CARDS_PER_DAY": 20,
@@ -43,12 +44,42 @@ def _install_secret_key(instance_path: str) -> str:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        with open(path, encoding="ascii") as existing:
-            return existing.read().strip()
+        return _read_secret_key(path)
     with os.fdopen(fd, "w", encoding="ascii") as new:
         key = secrets.token_hex(32)
         new.write(key)
     return key
+
+
+def _read_secret_key(path: str) -> str:
+    """The kept key; one that is empty or not ASCII (edited by hand) is refused by name, not met as a
+    traceback here or as a session error on the first request."""
+    from studyapp.study import SettingError
+
+    fix = "delete the file and a new key is made (logged-in browsers then log in again)"
+    with open(path, "rb") as existing:
+        raw = existing.read()
+    try:
+        key = raw.decode("ascii").strip()
+    except UnicodeDecodeError as error:
+        raise SettingError("SECRET_KEY", f"is not ASCII (byte {raw[error.start]:#04x} at offset {error.start}): {fix}",
+                           source=path) from None
+    if not key:
+        raise SettingError("SECRET_KEY", f"is empty: {fix}", source=path)
+    return key
+
+
+def _refuse_bad_study_settings(app: Flask, passed: dict[str, Any], from_file: bool) -> None:
+    """Refuse bad limits, hour or zone now, not mid-review: a SettingError naming the instance's
+    config.py when the bad setting came from there, not from what create_app was passed."""
+    from studyapp.study import SettingError, StudySettings
+
+    try:
+        StudySettings.from_config(app.config)
+    except SettingError as error:
+        if from_file and error.setting not in passed:
+            raise error.set_in(os.path.join(app.instance_path, CONFIG_FILE)) from None
+        raise
 
 
 def create_app(
@@ -62,7 +93,7 @@ def create_app(
     os.makedirs(app.instance_path, exist_ok=True)
     app.config.from_mapping(DEFAULTS)
     app.config["DATABASE_URL"] = "sqlite:///" + os.path.join(app.instance_path, "studyapp.sqlite3")
-    app.config.from_pyfile("config.py", silent=True)
+    from_file = app.config.from_pyfile(CONFIG_FILE, silent=True)
     if os.environ.get(DATABASE_URL_ENV):
         app.config["DATABASE_URL"] = os.environ[DATABASE_URL_ENV]
     if config:
@@ -71,9 +102,8 @@ def create_app(
         app.config["SECRET_KEY"] = _install_secret_key(app.instance_path)
 
     from studyapp import auth, cli, csrf, db, headers, lab_runs, views
-    from studyapp.study import StudySettings
 
-    StudySettings.from_config(app.config)  # refuse bad limits, hour or zone now, not mid-review
+    _refuse_bad_study_settings(app, passed=config or {}, from_file=from_file)
     db.init_app(app, upgrade=upgrade_schema)
     auth.init_app(app)  # before csrf: a request without a login is sent to log in, not told about tokens
     csrf.init_app(app)

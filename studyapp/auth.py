@@ -89,6 +89,11 @@ def make_token(random_bytes: Callable[[int], bytes] = secrets.token_bytes) -> st
     return random_bytes(TOKEN_BYTES).hex()
 
 
+class TokenFileError(ValueError):
+    """The token file holds something no token can be (tokens are hex digits): says which file, and how to
+    get a new one."""
+
+
 class TokenStore:
     """The token file in the instance folder, re-read only when it changes (a rotation by
     another process is seen at the next request)."""
@@ -127,9 +132,19 @@ class TokenStore:
             return None
         key = (stat.st_ino, stat.st_mtime_ns)
         if self._cached is None or self._cached[0] != key:
-            with open(self.path, encoding="ascii") as existing:
-                self._cached = (key, existing.read().strip() or None)  # empty is no token, never the token ""
+            self._cached = (key, self._read() or None)  # empty is no token, never the token ""
         return self._cached[1]
+
+    def _read(self) -> str:
+        with open(self.path, "rb") as existing:
+            raw = existing.read()
+        try:
+            return raw.decode("ascii").strip()
+        except UnicodeDecodeError as error:
+            raise TokenFileError(
+                f"{self.path}: the login token file is not ASCII (byte {raw[error.start]:#04x} at offset "
+                f"{error.start}), and a token is hex digits: delete the file, and `studyapp token` makes a new one"
+            ) from None
 
 
 def fingerprint(token: str, secret_key: str | bytes) -> str:
@@ -252,7 +267,8 @@ def logged_in() -> bool:
 JSON_ENDPOINTS = frozenset({"labs.run_status", "plan.simulation_status"})  # JSON APIs whatever the Accept header
 
 
-def _wants_json() -> bool:
+def wants_json() -> bool:
+    """Whether to answer JSON: a JSON request, one that asks for JSON, or one of the JSON APIs (any Accept)."""
     return request.is_json or request.accept_mimetypes.best == "application/json" or request.endpoint in JSON_ENDPOINTS
 
 
@@ -276,7 +292,7 @@ def check_login():
         return None
     if logged_in():
         return None
-    if _wants_json():
+    if wants_json():
         return jsonify(error="Log in first: open the login URL that `studyapp serve` or `studyapp token` prints.", status=401), 401
     target = request.full_path.rstrip("?") if request.method in ("GET", "HEAD") else "/"
     return redirect(url_for("auth.login", next=target), code=302 if request.method in ("GET", "HEAD") else 303)

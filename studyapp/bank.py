@@ -41,6 +41,7 @@ TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_:.-]*")  # Anki tags cannot contain sp
 # Ids are in URLs and in the database's unique indexes: PostgreSQL's index takes at most 2704 bytes a row,
 # so a longer id passed `bank check` and then failed `bank sync` there, naming neither file nor card.
 MAX_ID_LENGTH = 100
+_SURROGATE = re.compile(r"[\ud800-\udfff]")  # what a `\u` escape in a double-quoted YAML string can make
 
 DECK_KEYS = {"id", "title", "description", "retired_ids", "questions", "order"}
 DECK_REQUIRED = {"id", "title", "questions"}
@@ -102,7 +103,8 @@ class BankProblem:
             parts.append(f"question {self.question_id}")
         if self.field:
             parts.append(f"field '{self.field}'")
-        return f"{', '.join(parts)}: {self.message}"
+        # A surrogate in a key, id or file name is shown as its escape: printing it would crash the report.
+        return f"{', '.join(parts)}: {self.message}".encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class BankError(ValueError):
@@ -146,6 +148,22 @@ def _shown(value: object, limit: int = 60) -> str:
     value repeated by YAML aliases cannot make a message of gigabytes."""
     shown = repr(value if isinstance(value, str) else str(value))
     return shown if len(shown) <= limit else f"{shown[:limit - 4]}...{shown[-1]}"
+
+
+def _surrogate_problem(value: str) -> str | None:
+    """YAML reads "\\ud83d\\ude00" as two halves of a UTF-16 pair, not as one character: the check passed,
+    and then the database (or any UTF-8 file) could not store the text."""
+    match = _SURROGATE.search(value)
+    if match is None:
+        return None
+    pair = value[match.start():match.start() + 2]
+    try:  # a high half followed by its low half: the character they were meant to be
+        whole = pair.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
+    except UnicodeDecodeError:
+        whole = ""
+    fix = f"write \\U{ord(whole):08X} (or the character itself)" if len(whole) == 1 else "remove it"
+    return (f"holds U+{ord(match.group()):04X}, half of a UTF-16 surrogate pair, which is not a character "
+            f"and cannot be stored: {fix}")
 
 
 def _id_problem(value: str) -> str | None:
@@ -239,6 +257,9 @@ class _Checker:
             return ""
         if not value.strip():
             self.add(line, "must not be empty", qid, field or key)
+            return ""
+        if problem := _surrogate_problem(value):
+            self.add(line, problem, qid, field or key)
             return ""
         return value.strip()
 
@@ -372,6 +393,9 @@ def parse_deck(text: str, file: str) -> tuple[Deck | None, list[BankProblem]]:
     description = raw.get("description", "")  # optional, so it may be empty; but `0` or `[]` is no description
     if not isinstance(description, str):
         check.add(raw.key_lines["description"], f"must be text, got {_yaml_kind(description)}", None, "description")
+        description = ""
+    elif problem := _surrogate_problem(description):
+        check.add(raw.key_lines["description"], problem, None, "description")
         description = ""
     retired = raw.get("retired_ids", [])
     if not isinstance(retired, list) or not all(isinstance(r, str) and SLUG.fullmatch(r) for r in retired):
@@ -509,8 +533,10 @@ def quiz_to_yaml(text: str, deck_id: str) -> str:
     """
     if not SLUG.fullmatch(deck_id):
         raise ValueError(f"deck id {deck_id!r} must be a slug: lowercase letters, digits and dashes")
-    # Numbered as in the file (blank lines count), and without the BOM a Windows editor may save.
-    lines = [(number, line) for number, line in enumerate(text.removeprefix("\ufeff").splitlines(), start=1) if line.strip()]
+    # Numbered as in the file (blank lines count), and without the BOM a Windows editor may save. Split at
+    # "\n" alone: splitlines() also breaks at a form feed, \x85 or \u2028, which no editor counts as a line.
+    file_lines = text.removeprefix("\ufeff").split("\n")  # a "\r\n" line keeps its "\r", which strip() drops
+    lines = [(number, line) for number, line in enumerate(file_lines, start=1) if line.strip()]
     if not lines:
         raise ValueError("the quiz is empty")
     title = lines[0][1].strip()

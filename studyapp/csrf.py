@@ -27,11 +27,26 @@ def csrf_token() -> str:
     return token
 
 
+def refuse_a_form_that_is_not_utf8() -> None:
+    """Werkzeug drops a whole url-encoded form whose body is not UTF-8 (one Latin-1 byte will do), and
+    the token with it: say what is wrong, not that the token is missing. The body is read once, as the
+    form's parser would (MAX_CONTENT_LENGTH still applies), and the parser then reads that copy."""
+    if request.mimetype != "application/x-www-form-urlencoded":
+        return
+    body = request.get_data(cache=True)
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        abort(400, description=f"The form is not valid UTF-8: byte {body[error.start]:#04x} cannot start or "
+              "continue a character. Send it from the app's page, which sends UTF-8.")
+
+
 def check_csrf() -> None:
     if request.method in SAFE_METHODS:
         return
     if request.routing_exception is not None:  # no such route, or not this method: its 404 or 405 says so
         return
+    refuse_a_form_that_is_not_utf8()
     expected = session.get(_SESSION_KEY)
     sent = request.headers.get(HEADER) or request.form.get(FORM_FIELD)
     if not isinstance(expected, str) or not sent or not hmac.compare_digest(sent.encode(), expected.encode()):

@@ -64,6 +64,13 @@ def _known(revision: str) -> bool:
     return True
 
 
+def _check_revision(revision: str) -> None:
+    """Refuse an empty revision, or `branch@` with no id after the @: alembic would fail an assertion
+    on it (a traceback), where any other revision it cannot find is a CommandError."""
+    if not revision.partition("@")[2 if "@" in revision else 0].strip():
+        raise CommandError(f"{revision!r} is not a revision: name one such as head, base or {head_revision()}")
+
+
 def current_revision(engine: Engine) -> str | None:
     """The revision the database is stamped at (None: not under migrations yet)."""
     with engine.connect() as connection:
@@ -110,6 +117,7 @@ def upgrade(engine: Engine, revision: str = "head") -> str | None:
     """Migrate the database to `revision` (default: the newest), all in one transaction.
     Returns the revision it is at. An unknown revision is refused before the database is opened
     (alembic's CommandError), so it creates no file."""
+    _check_revision(revision)
     _scripts().get_revision(revision)
     with engine.connect() as connection, _one_migrator(connection):
         adopted = _adopt_unversioned(connection)
@@ -130,6 +138,7 @@ def upgrade(engine: Engine, revision: str = "head") -> str | None:
 
 def downgrade(engine: Engine, revision: str) -> str | None:
     """Migrate back to `revision` (for testing upgrades; data in dropped columns is lost)."""
+    _check_revision(revision)
     with engine.connect() as connection, _one_migrator(connection):
         command.downgrade(alembic_config(connection), revision)
         connection.commit()

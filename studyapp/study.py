@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta, timezone
 from functools import cached_property
 from typing import Any
-from zoneinfo import ZoneInfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from sqlalchemy import bindparam, func, update
 from sqlalchemy.exc import IntegrityError, OperationalError
@@ -25,6 +25,31 @@ from studyapp.models import Card, ReviewLog
 from studyapp.sm2 import allowed_qualities
 
 
+class SettingError(ValueError):
+    """A setting the app cannot use: names the setting and what is wrong with it, and `source`, where it
+    was set (the instance's config.py), when that is known. The command line says it in one line."""
+
+    def __init__(self, setting: str, problem: str, source: str | None = None):
+        self.setting, self.problem, self.source = setting, problem, source
+        super().__init__(f"{source}: {setting} {problem}" if source else f"{setting} {problem}")
+
+    def set_in(self, source: str) -> SettingError:
+        return SettingError(self.setting, self.problem, source)
+
+
+def _whole_number(config: Any, setting: str) -> int:
+    """A count or an hour: an int, or text of one (never True, which int() takes for 1, nor 4.5, cut to 4)."""
+    value = config[setting]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    raise SettingError(setting, f"must be a whole number, got {value!r}")
+
+
 @dataclass(frozen=True)
 class StudySettings:
     new_per_day: int = 20  # new cards introduced per study day
@@ -34,20 +59,29 @@ class StudySettings:
 
     @classmethod
     def from_config(cls, config: Any) -> StudySettings:
+        """Raises SettingError naming the first setting it cannot use."""
+        timezone = config.get("TIMEZONE") or None
+        if timezone is not None and not isinstance(timezone, str):
+            raise SettingError("TIMEZONE", f"must be a time zone name such as 'Europe/Berlin', got {timezone!r}")
         return cls(
-            new_per_day=int(config["NEW_CARDS_PER_DAY"]),
-            reviews_per_day=int(config["REVIEWS_PER_DAY"]),
-            day_start_hour=int(config["DAY_START_HOUR"]),
-            timezone=config.get("TIMEZONE") or None,
+            new_per_day=_whole_number(config, "NEW_CARDS_PER_DAY"),
+            reviews_per_day=_whole_number(config, "REVIEWS_PER_DAY"),
+            day_start_hour=_whole_number(config, "DAY_START_HOUR"),
+            timezone=timezone,
         )
 
     def __post_init__(self) -> None:
         if not 0 <= self.day_start_hour <= 23:
-            raise ValueError(f"DAY_START_HOUR must be 0..23, got {self.day_start_hour}")
-        if self.new_per_day < 0 or self.reviews_per_day < 0:
-            raise ValueError("daily limits cannot be negative")
+            raise SettingError("DAY_START_HOUR", f"must be 0..23, got {self.day_start_hour}")
+        for setting, limit in (("NEW_CARDS_PER_DAY", self.new_per_day), ("REVIEWS_PER_DAY", self.reviews_per_day)):
+            if limit < 0:
+                raise SettingError(setting, f"is a daily limit and cannot be negative, got {limit}")
         if self.timezone:
-            ZoneInfo(self.timezone)  # raises for an unknown zone name at start-up, not mid-review
+            try:  # an unknown zone name is refused at start-up, not mid-review
+                ZoneInfo(self.timezone)
+            except (ZoneInfoNotFoundError, ValueError):  # ValueError: a path such as '../x' or '/etc/x'
+                raise SettingError("TIMEZONE", f"{self.timezone!r} is not a time zone name (IANA, such as "
+                                   "'Europe/Berlin')") from None
 
 
 class ReviewRejected(ValueError):

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import os
-import re
 import stat
 import subprocess
 import sys
 from pathlib import Path
-from zoneinfo import ZoneInfoNotFoundError
 
 import pytest
 from conftest import require_git_checkout
 
-from studyapp import DATABASE_URL_ENV, SECRET_KEY_FILE, create_app
+from studyapp import CONFIG_FILE, DATABASE_URL_ENV, SECRET_KEY_FILE, create_app
 from studyapp.db import get_engine
+from studyapp.study import SettingError, StudySettings
 
 
 @pytest.fixture(autouse=True)
@@ -71,14 +70,44 @@ def test_the_repository_holds_no_secret_key():
     assert not [path for path in tracked if path.endswith(SECRET_KEY_FILE) or path.startswith("instance/")]
 
 
-@pytest.mark.parametrize("bad, error, message", [
-    ({"DAY_START_HOUR": 25}, ValueError, "DAY_START_HOUR must be 0..23, got 25"),
-    ({"TIMEZONE": "Nowhere/Special"}, ZoneInfoNotFoundError, "Nowhere/Special"),
-    ({"NEW_CARDS_PER_DAY": -2}, ValueError, "daily limits cannot be negative"),
+@pytest.mark.parametrize("bad, message", [
+    ({"DAY_START_HOUR": 25}, "DAY_START_HOUR must be 0..23, got 25"),
+    ({"TIMEZONE": "Nowhere/Special"}, "TIMEZONE 'Nowhere/Special' is not a time zone name (IANA, such as 'Europe/Berlin')"),
+    ({"NEW_CARDS_PER_DAY": -2}, "NEW_CARDS_PER_DAY is a daily limit and cannot be negative, got -2"),
 ])
-def test_bad_study_settings_are_refused_at_start_up(tmp_path, bad, error, message):
-    with pytest.raises(error, match=re.escape(message)):
+def test_bad_study_settings_are_refused_at_start_up(tmp_path, bad, message):
+    with pytest.raises(SettingError) as refused:
         create_app({"DATABASE_URL": f"sqlite:///{tmp_path / 'db'}", **bad}, instance_path=str(tmp_path / "i"))
+    assert str(refused.value) == message  # passed in, not read from a file: no file to name
+
+
+@pytest.mark.parametrize("line, message", [
+    ('TIMEZONE = "Europe/Berln"', "TIMEZONE 'Europe/Berln' is not a time zone name (IANA, such as 'Europe/Berlin')"),
+    ("TIMEZONE = 1", "TIMEZONE must be a time zone name such as 'Europe/Berlin', got 1"),
+    ("DAY_START_HOUR = 25", "DAY_START_HOUR must be 0..23, got 25"),
+    ("DAY_START_HOUR = 4.5", "DAY_START_HOUR must be a whole number, got 4.5"),
+    ('NEW_CARDS_PER_DAY = "lots"', "NEW_CARDS_PER_DAY must be a whole number, got 'lots'"),
+    ("REVIEWS_PER_DAY = True", "REVIEWS_PER_DAY must be a whole number, got True"),
+    ("REVIEWS_PER_DAY = -1", "REVIEWS_PER_DAY is a daily limit and cannot be negative, got -1"),
+])
+def test_a_bad_setting_in_the_instance_config_names_the_file_and_the_setting(tmp_path, line, message):
+    # Each raised a bare ValueError, ZoneInfoNotFoundError or TypeError, naming neither file nor setting.
+    instance = tmp_path / "instance"
+    instance.mkdir()
+    (instance / CONFIG_FILE).write_text(line + "\n")
+    with pytest.raises(SettingError) as refused:
+        create_app({"DATABASE_URL": f"sqlite:///{tmp_path / 'db'}"}, instance_path=str(instance))
+    assert str(refused.value) == f"{instance / 'config.py'}: {message}"
+    assert not (tmp_path / "db").exists()
+
+
+def test_text_of_a_whole_number_is_still_a_whole_number(tmp_path):
+    instance = tmp_path / "instance"
+    instance.mkdir()
+    (instance / CONFIG_FILE).write_text('NEW_CARDS_PER_DAY = "7"\n')
+    app = create_app({"DATABASE_URL": f"sqlite:///{tmp_path / 'db'}"}, instance_path=str(instance))
+    assert StudySettings.from_config(app.config).new_per_day == 7
+    get_engine(app).dispose()
 
 
 def test_the_app_never_imports_torch(tmp_path):

@@ -364,6 +364,14 @@ def test_simulate_refuses_bad_input_a_missing_token_and_what_it_cannot_simulate(
     assert client.get("/plan/simulations/99").status_code == 404
 
 
+@pytest.mark.parametrize("accept", [None, "text/html", "*/*"])
+def test_the_simulation_status_api_answers_json_whatever_the_accept_header(client, accept):
+    # The login check treated the route as JSON, yet its 404 was an HTML page unless JSON was asked for.
+    response = client.get("/plan/simulations/99", headers={"Accept": accept} if accept else {})
+    assert (response.status_code, response.mimetype) == (404, "application/json")
+    assert response.get_json() == {"error": "There is no plan simulation 99.", "status": 404}
+
+
 def test_plan_argv_is_a_fixed_list_for_a_shape_and_a_mesh():
     params = simulation_params({"size": "custom", "layers": "2", "width": "64", "heads": "4", "vocab": "128",
                                 "seq_len": "64", "tied": "", "gpus": "4", "mesh": "2x2", "micro_batch": "1",

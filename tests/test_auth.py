@@ -175,6 +175,21 @@ def test_an_empty_token_file_is_replaced_never_taken_as_the_empty_token(app_conf
     assert client.get("/static/keys.js").status_code == 200
 
 
+def test_a_token_file_that_is_not_ascii_is_refused_naming_it_and_deleting_it_mends_it(app_config, tmp_path):
+    # It was a UnicodeDecodeError traceback from building the app with the login on.
+    instance = tmp_path / "edited"
+    instance.mkdir()
+    token_file = instance / auth.TOKEN_FILE
+    token_file.write_bytes("  café\n".encode())
+    with pytest.raises(auth.TokenFileError) as refused:
+        create_app(app_config, instance_path=str(instance))
+    assert str(refused.value) == (f"{token_file}: the login token file is not ASCII (byte 0xc3 at offset 5), and a "
+                                  "token is hex digits: delete the file, and `studyapp token` makes a new one")
+    token_file.unlink()
+    app = create_app(app_config, instance_path=str(instance))
+    assert token_of(app) == "01" * auth.TOKEN_BYTES
+
+
 def test_rotation_ends_every_session_and_only_the_new_token_logs_in(app, runner):
     old = token_of(app)
     phone, desk = logged_in_client(app, "10.0.0.2"), logged_in_client(app, "10.0.0.3")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import ALPHA_DECK
 
 from studyapp.bank import BankError, BankProblem, Deck, find_question, load_bank, parse_deck
 
@@ -613,3 +614,34 @@ def test_an_editors_hidden_lock_file_is_no_deck_and_a_fifo_is_refused_not_read(t
     with pytest.raises(BankError) as refused:
         load_bank(tmp_path)
     assert [(Path(p.file).name, p.message) for p in refused.value.problems] == [("pipe.yaml", "is not a regular file")]
+
+
+
+def test_a_surrogate_escape_is_refused_naming_file_field_and_question(tmp_path):
+    # A double-quoted "\ud83d\ude00" is two halves of a UTF-16 pair, not one character: `bank check` passed
+    # it, and `bank sync` then failed with a UnicodeEncodeError traceback.
+    edits = {
+        "title: Alpha deck": 'title: "Alpha \\ud800"',
+        "prompt: Why are gathered weights freed after a layer runs?": 'prompt: "Why \\ud83d\\ude00 large?"',
+        "why_wrong: Nothing is corrupted.": 'why_wrong: "Nothing \\ude00 is."',
+        "lab: reshard-after-forward": 'lab: reshard-after-forward\n    "hint\\ud800": x',
+    }
+    text = ALPHA_DECK
+    for old, new in edits.items():
+        text = text.replace(old, new)
+    lines = text.splitlines()
+
+    def line(needle: str) -> int:
+        return next(number for number, text in enumerate(lines, start=1) if needle in text)
+
+    problems = problems_of(tmp_path, text, "alpha.yaml")
+    file = tmp_path / "alpha.yaml"
+    half = "half of a UTF-16 surrogate pair, which is not a character and cannot be stored"
+    assert [str(p) for p in problems] == [
+        f"{file}:2, field 'title': holds U+D800, {half}: remove it",
+        f"{file}:{line('hint')}, question alpha-free, field 'hint\\ud800': unknown key 'hint\\ud800' in a question "
+        "(known: choices, explanation, id, lab, prompt, tags)",
+        f"{file}:{line('Why')}, question alpha-free, field 'prompt': holds U+D83D, {half}: write \\U0001F600 "
+        "(or the character itself)",
+        f"{file}:{line('Nothing')}, question alpha-free, field 'choices[1].why_wrong': holds U+DE00, {half}: remove it",
+    ]

@@ -54,6 +54,19 @@ def test_bank_check_validates_without_writing(runner, app, tmp_path):
     assert card_count(app) == 5
 
 
+def test_a_surrogate_escape_fails_check_and_sync_refuses_it_before_writing(runner, app, bank_dir):
+    # `bank check` said ok, then `bank sync` failed with a UnicodeEncodeError traceback.
+    write_bank(bank_dir, {"alpha": ALPHA_DECK.replace("prompt: Why are gathered", 'prompt: "Why \\ud83d\\ude00 are gathered')
+                          .replace("after a layer runs?", 'after a layer runs?"')})
+    said = ("question alpha-free, field 'prompt': holds U+D83D, half of a UTF-16 surrogate pair, which is not a "
+            "character and cannot be stored: write \\U0001F600 (or the character itself)")
+    checked = runner.invoke(args=["bank", "check"])
+    assert checked.exit_code == 1 and said in checked.output, checked.output
+    synced = runner.invoke(args=["bank", "sync"])
+    assert synced.exit_code == 1 and said in synced.output and "Nothing was changed" in synced.output, synced.output
+    assert card_count(app) == 5
+
+
 def test_import_quiz_prints_a_skeleton_the_validator_then_explains(runner):
     result = runner.invoke(args=["bank", "import-quiz", str(SEEDS / "zero-quiz.txt"), "--deck", "zero"])
     assert result.exit_code == 0, result.output

@@ -9,8 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner, Result
+from flask.cli import ScriptInfo
 
+from studyapp import CONFIG_FILE, SECRET_KEY_FILE, create_app
+from studyapp.auth import TOKEN_FILE
+from studyapp.cli import main
 from studyapp.cli.errors import explained
+from studyapp.migrate import head_revision
 
 QUIZ = Path(__file__).parent / "data" / "fsdp-quiz.txt"
 
@@ -35,6 +41,9 @@ def studyapp(*args: str, database_url: str, cwd: Path) -> subprocess.CompletedPr
     (["serve", "--host", "999.1.1.1", "--port", "0"], "sqlite:///{tmp}/x.db",
      "Error: cannot serve on 999.1.1.1:0: Invalid host/port specified."),
     (["db", "current"], "sqlite:///{tmp}/x.db", "no database at {tmp}/x.db yet (head is "),
+    # An empty revision, or one with nothing after its @, failed an assertion inside alembic (a traceback).
+    (["db", "upgrade", ""], "sqlite:///{tmp}/x.db", f"Error: db: '' is not a revision: name one such as head, base or {head_revision()}"),
+    (["db", "upgrade", "@"], "sqlite:///{tmp}/x.db", f"Error: db: '@' is not a revision: name one such as head, base or {head_revision()}"),
 ])
 def test_a_users_mistake_is_one_line_and_creates_nothing(tmp_path, args, url, says):
     result = studyapp(*args, database_url=url.format(tmp=tmp_path), cwd=tmp_path)
@@ -73,3 +82,42 @@ def test_export_anki_names_a_file_beside_the_packages_it_cannot_read(tmp_path, n
     output = result.stdout + result.stderr
     assert result.returncode == 1 and f"Error: {out / name} {says}" in output and "Traceback" not in output, output
     assert [p.name for p in out.iterdir()] == [name]  # nothing written beside it
+
+
+def studyapp_on(instance: Path, *args: str) -> Result:
+    """`studyapp ARGS` with the app built on `instance` (the real command's is the repository's instance/)."""
+    database_url = f"sqlite:///{instance.parent / 'x.db'}"
+    info = ScriptInfo(create_app=lambda: create_app({"DATABASE_URL": database_url}, instance_path=str(instance),
+                                                    upgrade_schema=False))
+    return CliRunner().invoke(main, list(args), obj=info)
+
+
+@pytest.mark.parametrize("name, content, args, says", [
+    (CONFIG_FILE, 'TIMEZONE = "Europe/Berln"', ["db", "current"],
+     "{file}: TIMEZONE 'Europe/Berln' is not a time zone name (IANA, such as 'Europe/Berlin')"),
+    (CONFIG_FILE, "DAY_START_HOUR = 25", ["bank", "check"], "{file}: DAY_START_HOUR must be 0..23, got 25"),
+    (CONFIG_FILE, 'NEW_CARDS_PER_DAY = "lots"', ["token"], "{file}: NEW_CARDS_PER_DAY must be a whole number, got 'lots'"),
+    (TOKEN_FILE, "caf\u00e9", ["token"], "{file}: the login token file is not ASCII (byte 0xc3 at offset 3), and a "
+     "token is hex digits: delete the file, and `studyapp token` makes a new one"),
+    (SECRET_KEY_FILE, "cl\u00e9", ["db", "current"], "{file}: SECRET_KEY is not ASCII (byte 0xc3 at offset 2): delete "
+     "the file and a new key is made (logged-in browsers then log in again)"),
+    (SECRET_KEY_FILE, "  ", ["db", "current"], "{file}: SECRET_KEY is empty: delete the file and a new key is made "
+     "(logged-in browsers then log in again)"),
+])
+def test_a_bad_instance_file_is_one_line_naming_it(tmp_path, name, content, args, says):
+    # Each was a traceback from building the app (or, for the token, from reading it).
+    instance = tmp_path / "instance"
+    instance.mkdir()
+    (instance / name).write_text(content + "\n", encoding="utf-8")
+    result = studyapp_on(instance, *args)
+    assert (result.exit_code, result.output) == (1, f"Error: {says.format(file=instance / name)}\n")
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_help_says_a_bad_setting_in_one_line_and_still_helps(tmp_path):
+    instance = tmp_path / "instance"
+    instance.mkdir()
+    (instance / CONFIG_FILE).write_text("DAY_START_HOUR = 25\n", encoding="utf-8")
+    result = studyapp_on(instance, "--help")
+    assert result.exit_code == 0 and "Traceback" not in result.output
+    assert result.output.startswith(f"Error: {instance / CONFIG_FILE}: DAY_START_HOUR must be 0..23, got 25\n\nUsage: ")

@@ -121,3 +121,21 @@ def test_the_import_quiz_command_blames_a_bad_deck_id_on_the_option_not_the_file
     result = runner.invoke(args=["bank", "import-quiz", str(SEEDS / "zero-quiz.txt"), "--deck", "Zero Deck"])
     assert result.exit_code == 1
     assert result.output == "Error: --deck: 'Zero Deck' must be a slug: lowercase letters, digits and dashes\n"
+
+
+def test_the_line_named_is_the_files_own_though_a_line_holds_a_form_feed(runner, tmp_path: Path):
+    # splitlines() also broke at \x0c, \x85 and \u2028: the bad line 5 was called line 6.
+    quiz = tmp_path / "quiz.txt"
+    quiz.write_bytes(b"T\n1. a\n- b\n\x0c\n1) c\n")
+    result = runner.invoke(args=["bank", "import-quiz", str(quiz), "--deck", "zz"])
+    assert (result.exit_code, result.output) == (
+        1, f"Error: {quiz}: line 5: expected a numbered question or a bulleted choice, got '1) c'\n")
+    with pytest.raises(ValueError, match=r"^line 3: expected .*, got 'c'$"):
+        quiz_to_yaml("T\n1. a \u2028 b\nc\n", "zz")
+
+
+def test_windows_line_endings_read_as_unix_ones():
+    text = (SEEDS / SEED_FILES["fsdp"]).read_text(encoding="utf-8")
+    assert quiz_to_yaml(text.replace("\n", "\r\n"), "fsdp") == quiz_to_yaml(text, "fsdp")
+    raw = yaml.safe_load(quiz_to_yaml("T\r\n1. Why \u2028 not?\r\n- a\r\n- b\r\n", "zz"))
+    assert raw["questions"][0]["prompt"] == "Why \u2028 not?"  # a character of the line, not a line break

@@ -115,6 +115,14 @@ def test_unknown_labs_and_runs_are_404(client, csrf_token, app):
     assert runs(app) == []
 
 
+@pytest.mark.parametrize("accept", [None, "text/html", "*/*"])
+def test_the_run_status_api_answers_json_whatever_the_accept_header(client, accept):
+    # The login check treated the route as JSON, yet its 404 was an HTML page unless JSON was asked for.
+    response = client.get("/labs/runs/999", headers={"Accept": accept} if accept else {})
+    assert (response.status_code, response.mimetype) == (404, "application/json")
+    assert response.get_json() == {"error": "There is no lab run 999.", "status": 404}
+
+
 @pytest.mark.parametrize("world_size", [3, 1, 0, -2, 64, "two", "2; rm -rf /", 2.0, True, None, [2], "",
                                         " 4x"])
 def test_a_world_size_outside_the_allowed_set_is_400_and_queues_nothing(client, csrf_token, app, world_size):

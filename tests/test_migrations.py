@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from alembic.util.exc import CommandError
 from conftest import T0, Clock, require_git_checkout
 from db_checks import assert_cards_replay, table_rows
 from review_driver import drive_reviews
@@ -102,6 +103,18 @@ def test_db_commands_report_and_upgrade(app, runner, caplog):
     assert f"database at revision {HEAD} (head is {HEAD})" in result.output
     assert migrate.current_revision(engine) == HEAD
     assert f"database schema upgraded from 0001 to {HEAD}" in caplog.text
+
+
+@pytest.mark.parametrize("revision", ["", "@", "0001@", " "])
+def test_an_empty_revision_is_refused_before_the_database_is_opened(tmp_path, revision):
+    # "" and "@" failed an assertion inside alembic: a traceback, where "nosuchrev" was one line.
+    engine = make_engine(f"sqlite:///{tmp_path / 'x.db'}")
+    for move in (migrate.upgrade, migrate.downgrade):
+        with pytest.raises(CommandError) as refused:
+            move(engine, revision)
+        assert str(refused.value) == f"{revision!r} is not a revision: name one such as head, base or {HEAD}"
+    assert not (tmp_path / "x.db").exists()
+    engine.dispose()
 
 
 def test_the_command_line_upgrades_only_when_a_command_uses_the_database(database_url):

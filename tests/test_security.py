@@ -10,6 +10,7 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 from conftest import ALPHA_DECK, BETA_DECK, csrf_token_of, require_git_checkout, write_bank
@@ -75,6 +76,27 @@ def test_every_state_changing_request_needs_this_sessions_csrf_token(app, client
             response = client.open(path, method=method, data={**form, "csrf_token": csrf_token})
             assert "CSRF token" not in response.get_data(as_text=True), (method, path, response.status_code)
     assert refused >= 5 * 4
+
+
+def test_a_form_that_is_not_utf8_is_refused_as_such_not_blamed_on_the_token(app, client, csrf_token):
+    # Werkzeug drops a whole form whose body is not UTF-8, token and all: it was "CSRF token is missing".
+    grade_rule = next(rule for rule in state_changing_rules(app) if rule.rule == "/study/grade")
+    form = urlencode({**valid_form(app, grade_rule), "csrf_token": csrf_token}).encode()
+    before = fingerprint(app)
+    refused = client.post("/study/grade", data=form + b"&note=caf\xe9", content_type="application/x-www-form-urlencoded",
+                          headers={"Accept": "application/json"})
+    assert (refused.status_code, refused.get_json()) == (400, {
+        "error": "The form is not valid UTF-8: byte 0xe9 cannot start or continue a character. "
+                 "Send it from the app's page, which sends UTF-8.",
+        "status": 400,
+    })
+    assert fingerprint(app) == before
+    without_token = client.post("/study/grade", data=b"note=caf\xe9", content_type="application/x-www-form-urlencoded")
+    assert without_token.status_code == 400 and fingerprint(app) == before  # refused all the same
+    # The same form in UTF-8 passes both checks and is graded: the body read for the check is still the form.
+    graded = client.post("/study/grade", data=form + "&note=café".encode(), content_type="application/x-www-form-urlencoded")
+    assert graded.status_code < 400, graded.get_data(as_text=True)
+    assert fingerprint(app) != before
 
 
 def test_get_requests_never_write(app, client):

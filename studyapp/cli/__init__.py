@@ -19,7 +19,7 @@ from flask.cli import FlaskGroup, ScriptInfo
 
 from studyapp.cli.anki import export_anki_command
 from studyapp.cli.bank import bank_group
-from studyapp.cli.errors import run_explained, shown_url
+from studyapp.cli.errors import explained, run_explained, shown_url
 from studyapp.cli.history import export_history_command, import_history_command
 from studyapp.cli.labs import labs_group
 from studyapp.cli.serve import serve_command
@@ -50,7 +50,7 @@ def _create_app() -> Flask:
 
 
 class StudyappGroup(FlaskGroup):
-    """Flask's command group, with a database, migration or file error said in one line (cli.errors).
+    """Flask's command group, with a database, migration, setting or file error said in one line (cli.errors).
     Flask's own --app, --env-file and --debug are left out: the app is always create_app's (configured
     by instance/config.py and STUDYAPP_* variables), and `serve --debug` is the debug switch."""
 
@@ -59,13 +59,26 @@ class StudyappGroup(FlaskGroup):
         self.params = [p for p in self.params if p.name not in ("app", "env_file", "debug")]
 
     def invoke(self, ctx: click.Context):
-        def database_url() -> str:
-            try:
-                return shown_url(ctx.ensure_object(ScriptInfo).load_app().config["DATABASE_URL"])
-            except Exception:  # the app itself could not be made: say what the environment asked for
-                return shown_url(os.environ.get("STUDYAPP_DATABASE_URL", "(the configured DATABASE_URL)"))
+        return run_explained(lambda: super(StudyappGroup, self).invoke(ctx), lambda: _database_url(ctx))
 
-        return run_explained(lambda: super(StudyappGroup, self).invoke(ctx), database_url)
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        """For --help: an app that a user's error stops (a bad setting in instance/config.py) is said in
+        one line, as a command says it; Flask's own would print the traceback."""
+        try:
+            ctx.ensure_object(ScriptInfo).load_app()
+        except Exception as error:
+            line = explained(error, lambda: _database_url(ctx))
+            if line is not None:
+                click.secho(f"Error: {line}\n", err=True, fg="red")
+                return super(FlaskGroup, self).list_commands(ctx)  # the group's own, without the app's
+        return super().list_commands(ctx)  # Flask's: a bug's traceback is printed there
+
+
+def _database_url(ctx: click.Context) -> str:
+    try:
+        return shown_url(ctx.ensure_object(ScriptInfo).load_app().config["DATABASE_URL"])
+    except Exception:  # the app itself could not be made: say what the environment asked for
+        return shown_url(os.environ.get("STUDYAPP_DATABASE_URL", "(the configured DATABASE_URL)"))
 
 
 main = StudyappGroup(

@@ -1,4 +1,4 @@
-"""What a `studyapp` command says when its database, a migration or a file fails it: one line naming
+"""What a `studyapp` command says when its database, a migration, a setting or a file fails it: one line naming
 what is wrong, never a traceback. Errors of the code itself still raise as they are."""
 
 from __future__ import annotations
@@ -9,6 +9,9 @@ import click
 from alembic.util.exc import CommandError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
+
+from studyapp.auth import TokenFileError
+from studyapp.study import SettingError
 
 
 def _first_line(error: BaseException) -> str:
@@ -24,6 +27,8 @@ def explained(error: BaseException, database_url: Callable[[], str]) -> str | No
         return f"cannot use the database at {database_url()}: {_first_line(error.orig or error)}"
     if isinstance(error, CommandError):
         return f"db: {_first_line(error)}"
+    if isinstance(error, (SettingError, TokenFileError)):  # each names its file and what to change
+        return str(error)
     if isinstance(error, OSError) and error.strerror:
         where = f"{error.filename}: " if error.filename else ""
         return f"{where}{error.strerror}"

@@ -17,28 +17,25 @@
     /exports/<name>.apkg        exports.download  built Anki decks, by exact name only
 
 Every POST needs the CSRF token (studyapp.csrf). Client errors render error.html, or JSON
-`{"error": ..., "status": ...}` for JSON requests.
+`{"error": ..., "status": ...}` for JSON requests and on the JSON status routes (auth.JSON_ENDPOINTS).
 """
 
 from __future__ import annotations
 
-from flask import Flask, jsonify, render_template, request
+from flask import Flask, jsonify, render_template
 from werkzeug.exceptions import HTTPException
 
+from studyapp.auth import wants_json
 from studyapp.views import decks, exports, home, labs, plan, stats, study
 
 BLUEPRINTS = (home.bp, study.bp, decks.bp, labs.bp, plan.bp, stats.bp, exports.bp)
-
-
-def _wants_json() -> bool:
-    return request.is_json or request.accept_mimetypes.best == "application/json"
 
 
 def render_http_error(error: HTTPException):
     """Client errors as a page (or JSON) that says what was wrong, with the right status."""
     message = error.description or error.name
     headers = [(name, value) for name, value in error.get_headers() if name != "Content-Type"]  # Retry-After, Allow
-    if _wants_json():
+    if wants_json():  # the JSON status routes too, whatever the Accept header
         body = {"error": message, "status": error.code}
         if getattr(error, "retry_after", None):
             body["retry_after_s"] = error.retry_after
