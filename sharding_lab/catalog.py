@@ -50,7 +50,7 @@ CATALOG: tuple[LabInfo, ...] = (
     LabInfo(
         "prefetch-overlap",
         "Prefetching the next block's parameters: issue order and its memory cost",
-        "With explicit prefetching, FSDP2 issues the next block's all-gather before the current block's compute ends, at the cost of a higher peak; on a GPU its all-gather stream overlaps forward all-gathers with compute even without it.",
+        "With explicit prefetching, FSDP2 issues the next block's all-gather before the current block's compute ends, at the cost of a higher peak; by FSDP2's design, on a GPU its all-gather stream overlaps forward all-gathers with compute even without it (not measured on CPU).",
         ("fsdp-prefetch-overlap",),
     ),
     LabInfo(
@@ -68,7 +68,7 @@ CATALOG: tuple[LabInfo, ...] = (
     LabInfo(
         "memory-communication-tradeoff",
         "Memory saved against communication added",
-        "FSDP cuts per-rank memory but moves more bytes per step than DDP, with all-gathers DDP never needs: up to 1.5x in fp32 (less the root unit it keeps gathered), about DDP's bytes with bf16 all-gathers.",
+        "FSDP cuts per-rank memory but moves more bytes per step than DDP, with all-gathers DDP never needs: up to 1.5x in fp32 (less the root unit it keeps gathered), about fp32 DDP's bytes with bf16 all-gathers and fp32 reduce-scatters.",
         ("fsdp-memory-communication-tradeoff", "zero-practical-cost"),
     ),
     LabInfo(

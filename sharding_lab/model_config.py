@@ -50,6 +50,14 @@ def size_label(name: str) -> str:
     return "gpt2-small (untied, 163M)" if name == "gpt2-small" else name
 
 
+def model_label(name: str, fields: dict) -> str:
+    """A measured model as findings print it: its named size, and any field a run changed from it
+    (a wider `mini` is not `mini`); an unknown name is printed as it is."""
+    named = SIZES.get(name)
+    changed = [f"{key}={value}" for key, value in fields.items() if named is not None and getattr(named, key, value) != value]
+    return size_label(name) + (f" with {', '.join(changed)}" if changed else "")
+
+
 def config_for(name: str, **overrides) -> GPTConfig:
     """The named size, with any field overridden (e.g. `config_for("tiny", n_layer=2)`)."""
     if name not in SIZES:

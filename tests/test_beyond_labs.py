@@ -348,3 +348,29 @@ def test_reduce_scattering_each_backward_holds_one_units_unsharded_gradient_besi
     assert not verdict.holds
     assert any(r.startswith("NOT between micro-batches") and f"the largest unit's {largest:,} B" in r
                for r in verdict.reasons)
+
+
+@pytest_slow
+def test_the_mixed_precision_table_reads_each_bytes_per_parameter_off_the_run(measured):
+    ms = lab_measurements(measured, "fsdp2-mixed-precision")
+    raw = as_json(ms)[MIXED]
+    padded = raw["config"]["padded_num_params"]
+    forward_gathers = sum(c["bytes"] for c in raw["comm"]["collectives"] if c["op"] == "all_gather" and c["phase"] == "forward")
+    scatters = sum(c["bytes"] for c in raw["comm"]["collectives"] if c["op"] == "reduce_scatter")
+    run = evaluate(LABS["fsdp2-mixed-precision"], WORLD_SIZE, LABS["fsdp2-mixed-precision"].runs(WORLD_SIZE), ms)
+    rows = {row[0]: row[1:] for row in run["table"]["rows"]}
+    assert rows["gathered parameters for compute (transient)"][:2] == ["bfloat16", forward_gathers / padded] == ["bfloat16", 2.0]
+    assert rows["reduce-scatter (on the wire)"][:2] == ["float32", scatters / padded] == ["float32", 4.0]
+    # The shards' dtype is what their bytes per element say: 4 B a parameter, and Adam's two moments 8 B.
+    assert rows["parameter shard (master weights)"][:2] == ["float32", 4.0]
+    assert rows["Adam state (two moments)"][:2] == ["float32", 8.0]
+
+
+@pytest_slow
+def test_a_widened_model_is_named_with_its_width_where_the_finding_holds(measured):
+    lab = LABS["ddp-gradient-buckets"]
+    run = evaluate(lab, WORLD_SIZE, lab.runs(WORLD_SIZE), lab_measurements(measured, "ddp-gradient-buckets"))
+    wide_params = sum(math.prod(shape) for _, shape in parameter_shapes(config_for("mini", n_embd=256)))
+    assert f"the mini with n_embd=256 model ({wide_params:,} parameters)" in run["finding"]
+    assert f"the mini model ({sum(math.prod(s) for _, s in parameter_shapes(config_for('mini'))):,} parameters)" in run["finding"]
+    assert run["config"]["size"] == "mini and mini with n_embd=256"

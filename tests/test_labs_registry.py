@@ -24,6 +24,16 @@ def test_every_catalogue_lab_has_a_registry_entry_and_vice_versa():
         assert LABS[info.id].info == info
 
 
+def test_the_committed_lab_results_state_each_labs_claim_and_cards_as_the_catalogue_does():
+    # exports/lab-results.json is what a fresh install and the Anki decks show: a catalogue change must
+    # re-run the labs (`sharding-lab run --all --export exports/lab-results.json`) and rebuild the decks.
+    committed = json.loads((REPO / "exports" / "lab-results.json").read_text(encoding="utf-8"))
+    assert list(committed) == sorted(info.id for info in CATALOG)
+    stale = [info.id for info in CATALOG
+             if (committed[info.id]["claim"], committed[info.id]["questions"]) != (info.claim, list(info.questions))]
+    assert stale == [], f"exports/lab-results.json states older claims or cards for {stale}"
+
+
 def test_an_unknown_lab_is_refused_with_the_known_ids():
     with pytest.raises(KeyError, match="what-fsdp-shards"):
         get_lab("no-such-lab")

@@ -9,7 +9,7 @@ import torch
 
 from sharding_lab.engine import model as model_module
 from sharding_lab.engine.model import GPT, SIZES, GPTConfig, config_for
-from sharding_lab.model_config import parameter_shapes
+from sharding_lab.model_config import model_label, parameter_shapes
 
 
 def gpt_params(c: GPTConfig) -> int:
@@ -38,6 +38,15 @@ def test_unknown_size_names_the_valid_ones():
     with pytest.raises(ValueError, match="tiny, mini, gpt2-small"):
         config_for("huge")
     assert config_for("tiny", n_layer=2).n_layer == 2
+
+
+def test_a_model_label_names_the_size_and_only_the_fields_a_run_changed():
+    mini = config_for("mini").to_dict()
+    assert model_label("mini", mini) == "mini"
+    assert model_label("mini", {**mini, "n_embd": 256}) == "mini with n_embd=256"
+    assert model_label("tiny", {**config_for("tiny").to_dict(), "n_layer": 2, "tied": True}) == "tiny with n_layer=2, tied=True"
+    assert model_label("gpt2-small", config_for("gpt2-small").to_dict()) == "gpt2-small (untied, 163M)"
+    assert model_label("custom", {"n_embd": 8}) == "custom"  # no named size to differ from
 
 
 def test_a_tied_head_is_the_embeddings_own_weight():

@@ -233,6 +233,11 @@ def check_mixed_precision(a: PrecisionCopies) -> Verdict:
     return c.verdict()
 
 
+def _dtype_of(bytes_per_element: float) -> str:
+    """The dtype a shard's measured bytes per element imply (a 2-byte one could be bf16 or fp16)."""
+    return {4.0: "float32", 2.0: "2-byte (bf16 or fp16)"}.get(bytes_per_element, f"{bytes_per_element:g} B per element")
+
+
 def report_mixed_precision(a: PrecisionCopies) -> Report:
     n = a.mixed.world_size
     layout = "/".join(f"{a.per_param[part]:g}" for part in PARTS)
@@ -247,12 +252,16 @@ def report_mixed_precision(a: PrecisionCopies) -> Report:
         f"reduce-scattered in fp32 ({human_bytes(a.scattered[MIXED])}, as in the fp32 run), so the step moves half "
         f"the all-gather bytes and the same reduce-scatter bytes."
     )
+    padded = a.mixed.padded_num_params
     rows = (
-        ("parameter shard (master weights)", "fp32", a.per_param["params"], PAPER_MIXED_BYTES["params"]),
-        ("gradient shard", "fp32", a.per_param["grads"], PAPER_MIXED_BYTES["grads"]),
-        ("Adam state", "fp32", a.per_param["optimizer"], PAPER_MIXED_BYTES["optimizer"]),
-        ("gathered parameters for compute (transient)", "/".join(sorted(a.gather_dtypes)), 2, 2),
-        ("reduce-scatter (on the wire)", "/".join(sorted(a.reduce_dtypes)), 4, 2),
+        ("parameter shard (master weights)", _dtype_of(a.per_param["params"]), a.per_param["params"],
+         PAPER_MIXED_BYTES["params"]),
+        ("gradient shard", _dtype_of(a.per_param["grads"]), a.per_param["grads"], PAPER_MIXED_BYTES["grads"]),
+        ("Adam state (two moments)", _dtype_of(a.per_param["optimizer"] / 2), a.per_param["optimizer"],
+         PAPER_MIXED_BYTES["optimizer"]),
+        ("gathered parameters for compute (transient)", "/".join(sorted(a.gather_dtypes)),
+         a.gathered[MIXED] / padded, 2),
+        ("reduce-scatter (on the wire)", "/".join(sorted(a.reduce_dtypes)), a.scattered[MIXED] / padded, 2),
     )
     chart = stacked_bar_chart(
         f"Bytes moved per step by collective (N={n})",
@@ -268,7 +277,7 @@ def report_mixed_precision(a: PrecisionCopies) -> Report:
         Table(
             (
                 "copy",
-                "dtype (measured)",
+                "dtype (measured: a shard's from its bytes, a collective's from its tensors)",
                 "bytes per parameter (PyTorch, measured)",
                 "bytes per parameter (ZeRO paper)",
             ),
@@ -519,7 +528,7 @@ def report_offload(a: Offload) -> Report:
     finding = (
         f"FSDP2's CPU offload (CPUOffloadPolicy) on the mini model at N={n} kept each rank's "
         f"{human_bytes(a.model_states)} of model states (fp32 parameter shard, gradient shard, Adam state) in host "
-        f"memory and ran Adam there, and changed no collective: the same {a.gathers} all-gathers and {a.scatters} "
+        f"memory (where Adam then steps, by FSDP2's design: not checked here), and changed no collective: the same {a.gathers} all-gathers and {a.scatters} "
         f"reduce-scatters, byte for byte. What it adds is copies: before every all-gather the rank's parameter "
         f"shard goes host to device, {human_bytes(a.host_to_device)} per step "
         f"({a.host_to_device / param_shard:.2f}x the {human_bytes(param_shard)} shard: forward gathers every unit, "

@@ -185,12 +185,14 @@ def analyse_prefetch_overlap(ms: Measurements) -> PrefetchOrder:
 def _overlap_text(on: Measurement, off: Measurement) -> str:
     """What timing can show: the profiler's overlap on CUDA; on CPU nothing, so no (noisy) step times
     go into the finding, which stays the same from run to run."""
+    measured = bool(on.overlap and off.overlap)
     stream = (
         " FSDP2 issues all-gathers on a stream of their own, and the CPU runs ahead of the GPU, so on a GPU "
         "forward all-gathers overlap the previous block's compute even without explicit prefetching; explicit "
-        "prefetching issues them earlier still."
+        "prefetching issues them earlier still (PyTorch's FSDP2 design, from its source"
+        + (")." if measured else "; not measured here).")
     )
-    if on.overlap and off.overlap:
+    if measured:
         return (
             f" On {on.config.device}, the profiler saw {percent(on.overlap.overlapped_fraction_of_comm)} of NCCL "
             f"kernel time overlap compute with prefetching and {percent(off.overlap.overlapped_fraction_of_comm)} "
@@ -237,7 +239,8 @@ def report_prefetch_overlap(a: PrefetchOrder) -> Report:
     finding = (
         f"With prefetching, the next block's all-gather was issued before the current block's compute ended for "
         f"{counted(PREFETCH_ON, 'forward')} block boundaries in forward and {counted(PREFETCH_ON, 'backward')} in "
-        f"backward; without it, for {counted(PREFETCH_OFF, 'forward')} and {counted(PREFETCH_OFF, 'backward')}. "
+        f"backward; without any (FSDP2's default backward prefetch switched off too), for "
+        f"{counted(PREFETCH_OFF, 'forward')} and {counted(PREFETCH_OFF, 'backward')}. "
         f"The cost is memory: while the blocks after the first ran, with prefetching each rank held up to "
         f"{human_bytes(a.gathered_on)} of gathered parameters and all-gather buffers at once against "
         f"{human_bytes(a.gathered_off)} without (the root's included; the least any rank reached), "

@@ -15,6 +15,7 @@ from sharding_lab import atomic_write
 from sharding_lab.labs.at_scale import at_scale_line
 from sharding_lab.labs.base import Lab, Report, RunSpec, Table, Verdict
 from sharding_lab.measurement import Measurements
+from sharding_lab.model_config import model_label
 
 # The run JSON's bulky parts, left out of stored summaries (exports, the web app's list).
 BULKY_FIELDS = ("measurements", "charts")
@@ -62,7 +63,7 @@ def evaluate(
             "world_size": world_size,
             "world_sizes": sorted({spec.config.world_size for spec in specs}),
             "runs": [spec.to_json() for spec in specs],
-            "size": first.size,
+            "size": " and ".join(dict.fromkeys(model_label(m.config.size, m.config.model) for m in measurements.values())),
             "backend": first.backend,
             "device": first.device,
             "torch_version": first.torch_version,
@@ -114,11 +115,12 @@ def where_it_holds(measurements: Measurements) -> str:
             else f"{c.world_size} {c.backend} rank{'s' if c.world_size > 1 else ''}"
         )
         dtype = "bf16 mixed precision" if c.mixed_precision else "fp32"
-        groups.setdefault((c.size, c.num_params), [])
-        if (text := f"{ranks}, {dtype}") not in groups[(c.size, c.num_params)]:
-            groups[(c.size, c.num_params)].append(text)
+        model = (model_label(c.size, c.model), c.num_params)
+        groups.setdefault(model, [])
+        if (text := f"{ranks}, {dtype}") not in groups[model]:
+            groups[model].append(text)
     where = "; ".join(
-        f"the {size} model ({psi:,} parameters) on {' and '.join(runs)}" for (size, psi), runs in groups.items()
+        f"the {label} model ({psi:,} parameters) on {' and '.join(runs)}" for (label, psi), runs in groups.items()
     )
     return f"(Measured with PyTorch {configs[0].torch_version}'s implementations on {configs[0].device}: {where}.)"
 

@@ -388,7 +388,8 @@ def report_fsdp_is_zero3(a: AgainstStages) -> Report:
     )
     finding = (
         f"At N={n}, FSDP's measured model states on rank 0 are {human_bytes(measured3)} ({measured3:,} B) against "
-        f"ZeRO stage 3's predicted {stage3['total']:,} B{padding}: params {zero3.part_bytes('params')[0]:,} / "
+        f"ZeRO stage 3's predicted {stage3['total']:,} B in fp32 (4/4/8 B per parameter, as this run keeps them; "
+        f"the paper's mixed precision counts 2/2/12){padding}: params {zero3.part_bytes('params')[0]:,} / "
         f"{stage3['params']:,}, grads {zero3.part_bytes('grads')[0]:,} / {stage3['grads']:,}, optimizer "
         f"{zero3.part_bytes('optimizer')[0]:,} / {stage3['optimizer']:,}. With reshard-after-forward off, "
         f"gradients and optimizer state match stage 2 ({zero2.part_bytes('grads')[0]:,} and "
@@ -396,7 +397,8 @@ def report_fsdp_is_zero3(a: AgainstStages) -> Report:
         f"parameters stay gathered from forward to backward, as stage 2 keeps them. That is PyTorch's FSDP2, which "
         f"shards every parameter: DeepSpeed's ZeRO-3 keeps parameters of at most stage3_param_persistence_threshold "
         f"({DEEPSPEED_PERSISTENCE_THRESHOLD:,} elements by default) gathered on every rank: "
-        f"{persistent_share(GPTConfig(**zero3.config.model)):.1%} of Ψ of this model."
+        f"{persistent_share(GPTConfig(**zero3.config.model)):.1%} of Ψ of this model (derived from its shapes by "
+        f"that rule, not run)."
     )
     rows = []
     for key, m, predicted in (("zero3", zero3, stage3), ("zero2", zero2, a.stage2)):

@@ -396,8 +396,9 @@ def report_zero_stages(a: ModelStates) -> Report:
         f"{', '.join(human_bytes(a.ms[k].ranks[0].peak_bytes) for k in keys)}. "
         f"zero2 (FSDP2, reshard-after-forward off) keeps "
         f"{percent(after_forward['zero2'] / full_params)} of the parameters unsharded from forward "
-        f"to backward, where stage 2 keeps them replicated, and reshards them after backward (the paper's stage 2 "
-        f"would hold {human_bytes(paper['zero2'])} between steps); zero3 keeps only the root unit "
+        f"to backward, where stage 2 keeps them replicated, and reshards them after backward (the paper's stage 2, "
+        f"counted in fp32 as this run is (4/4/8 B per parameter), would hold {human_bytes(paper['zero2'])} between "
+        f"steps); zero3 keeps only the root unit "
         f"({percent(after_forward['zero3'] / full_params)})."
     )
     rows = tuple(
@@ -419,7 +420,7 @@ def report_zero_stages(a: ModelStates) -> Report:
                 "grads bytes",
                 "optimizer bytes",
                 "model states bytes",
-                "paper's model states bytes",
+                "paper's model states bytes (fp32, derived)",
                 "unsharded params after forward",
             ),
             rows,
