@@ -190,6 +190,23 @@ def test_a_token_file_that_is_not_ascii_is_refused_naming_it_and_deleting_it_men
     assert token_of(app) == "01" * auth.TOKEN_BYTES
 
 
+def test_a_token_file_damaged_while_serving_is_a_503_that_says_what_to_do_and_the_log_names_it(app, caplog):
+    phone = logged_in_client(app, "10.0.0.2")
+    assert phone.get("/").status_code == 200
+    token_file = Path(app.instance_path, auth.TOKEN_FILE)
+    token_file.write_bytes("caf\u00e9\n".encode())  # edited by hand while the server runs
+    page = phone.get("/")
+    assert page.status_code == 503
+    assert ("The server&#39;s login token file is damaged, so no one can log in: its owner must delete "
+            "instance/login_token") in page.get_data(as_text=True)
+    assert str(token_file) not in page.get_data(as_text=True)  # the instance's path stays in the log
+    assert f"{token_file}: the login token file is not ASCII (byte 0xc3 at offset 3)" in caplog.text
+    status = phone.get("/labs/runs/1")  # a JSON route answers in JSON
+    assert status.status_code == 503 and status.get_json()["error"].startswith("The server's login token file is damaged")
+    token_file.unlink()
+    assert phone.get("/").status_code == 302  # no token: logged out, not an error
+
+
 def test_rotation_ends_every_session_and_only_the_new_token_logs_in(app, runner):
     old = token_of(app)
     phone, desk = logged_in_client(app, "10.0.0.2"), logged_in_client(app, "10.0.0.3")

@@ -22,10 +22,10 @@ Every POST needs the CSRF token (studyapp.csrf). Client errors render error.html
 
 from __future__ import annotations
 
-from flask import Flask, jsonify, render_template
-from werkzeug.exceptions import HTTPException
+from flask import Flask, current_app, jsonify, render_template
+from werkzeug.exceptions import HTTPException, ServiceUnavailable
 
-from studyapp.auth import wants_json
+from studyapp.auth import TokenFileError, wants_json
 from studyapp.views import decks, exports, home, labs, plan, stats, study
 
 BLUEPRINTS = (home.bp, study.bp, decks.bp, labs.bp, plan.bp, stats.bp, exports.bp)
@@ -43,7 +43,17 @@ def render_http_error(error: HTTPException):
     return render_template("error.html", error=error, message=message), error.code, headers
 
 
+def render_damaged_token_file(error: TokenFileError):
+    """The login token file damaged while serving (edited by hand): every request would be a bare 500.
+    The log names the file; the page says what the owner must do, without the instance's path."""
+    current_app.logger.error("%s", error)
+    return render_http_error(ServiceUnavailable(
+        description="The server's login token file is damaged, so no one can log in: its owner must delete "
+                    "instance/login_token and run `studyapp token` for a new one (the server's log says more)."))
+
+
 def init_app(app: Flask) -> None:
     for blueprint in BLUEPRINTS:
         app.register_blueprint(blueprint)
     app.register_error_handler(HTTPException, render_http_error)
+    app.register_error_handler(TokenFileError, render_damaged_token_file)
