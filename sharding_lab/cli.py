@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from sharding_lab import estimate, plan_command
-from sharding_lab.cli_args import positive_float, positive_int
+from sharding_lab.cli_args import positive_int, timeout_seconds
 from sharding_lab.labs.commands import register as register_labs  # list, run (no torch on import)
 from sharding_lab.model_config import SIZES
 from sharding_lab.run_config import DEVICES, Placement, RunConfig
@@ -62,7 +62,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         "(rank 0 of N in one process, fake process group: real memory, no data moved); shared-gpu "
         "(N ranks on cuda:0 over gloo)",
     )
-    parser.add_argument("--timeout", type=positive_float, default=600.0,
+    parser.add_argument("--timeout", type=timeout_seconds, default=600.0,
                         help="seconds, start-up included, before a hung run is ended")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 

@@ -38,3 +38,9 @@ def at_most(maximum: float, parse: Callable[[str], float] = positive_int) -> Cal
         return value
 
     return bounded
+
+
+# A --timeout's ceiling: a week. Far beyond it, torch's process-group timeout (a timedelta) overflows
+# inside every rank ('1e300' crashed each with OverflowError after the ranks started).
+MAX_TIMEOUT_S = 7 * 24 * 3600
+timeout_seconds = at_most(MAX_TIMEOUT_S, positive_float)

@@ -14,7 +14,7 @@ import argparse
 import json
 import re
 import sys
-from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal, InvalidOperation
+from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal, InvalidOperation, Overflow
 
 from sharding_lab.analytic import (
     PAPER_MIXED_PRECISION_WIRE,
@@ -25,6 +25,7 @@ from sharding_lab.analytic import (
 )
 from sharding_lab.cli_args import positive_int
 from sharding_lab.model_config import config_for
+from sharding_lab.planner import BOUNDS
 from sharding_lab.strategies import MODEL_STATE_PARTS, STRATEGIES
 
 GB = 10**9  # the ZeRO paper's GB: 7.5B params x 16 B = 120 GB
@@ -58,7 +59,10 @@ def parse_param_count(text: str) -> int:
     try:
         if match is None:
             raise InvalidOperation
-        value = Decimal(match.group(1)) * _SUFFIXES[match.group(2).upper()]
+        number = Decimal(match.group(1))
+        value = number * _SUFFIXES[match.group(2).upper()]
+    except Overflow:  # past the decimal context's exponent range ('1e999999999'): far beyond MAX_PARAMS
+        value = Decimal("Infinity").copy_sign(number)
     except InvalidOperation:
         raise ValueError(f"not a parameter count: {text!r} (try 7.5e9, 7.5B, 128B or 1T)") from None
     if value != value.to_integral_value() or value <= 0:
@@ -310,6 +314,10 @@ def run_estimate(args: argparse.Namespace) -> int:
 
     if args.world_size is None:
         raise _refused("--world-size is required (or use --table1)")
+    if args.simulate and args.world_size > BOUNDS.gpus:
+        # FSDP2 lays out every rank's chunk of every parameter: at 10**8 ranks it would run for a day.
+        raise _refused(f"--simulate takes at most {BOUNDS.gpus:,} ranks, as `plan` does; got --world-size "
+                       f"{args.world_size:,} (the analytic estimate, without --simulate, takes any)")
     simulation = None
     if args.simulate:
         simulation = _simulate_with_progress(args)

@@ -50,6 +50,19 @@ def test_bad_param_counts_are_refused(text):
         parse_param_count(text)
 
 
+@pytest.mark.parametrize(("text", "message"), [
+    ("1e999999999", "a parameter count must be at most 1e+15 (a quadrillion), got '1e999999999'"),
+    ("1e999999T", "a parameter count must be at most 1e+15 (a quadrillion), got '1e999999T'"),
+    ("-1e999999999", "a parameter count must be a positive whole number, got '-1e999999999'"),
+])
+def test_a_count_past_the_decimal_exponent_range_is_refused_as_too_large(text, message, capsys):
+    # Each once ended in a decimal.Overflow traceback.
+    with pytest.raises(SystemExit) as exit_info:
+        run_estimate_cli([f"--params={text}", "--world-size", "4"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.endswith(f"sharding-lab estimate: error: argument --params: {message}\n")
+
+
 def test_bad_params_argument_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_info:
         run_estimate_cli(["--params", "lots", "--world-size", "4"])
@@ -193,6 +206,14 @@ def assert_usage_error(argv, message, capsys):
     assert exit_info.value.code == 2
     out, err = capsys.readouterr()
     assert err.startswith("sharding-lab estimate: ") and message in err and out == ""
+
+
+def test_simulate_refuses_more_ranks_than_plan_takes_before_simulating(monkeypatch, capsys):
+    # 10**8 ranks once ran on (FSDP2 lays out every rank's chunk: about a millisecond a rank, for tiny).
+    monkeypatch.setattr(estimate, "_simulate_with_progress", lambda args: pytest.fail("simulated before refusing"))
+    assert_usage_error(["--simulate", "--world-size", "100000000"],
+                       "--simulate takes at most 131,072 ranks, as `plan` does; got --world-size 100,000,000 "
+                       "(the analytic estimate, without --simulate, takes any)", capsys)
 
 
 def test_world_size_is_required_without_table1(capsys):

@@ -86,6 +86,35 @@ def test_run_exits_non_zero_when_a_claim_does_not_hold_and_exports_summaries(mon
     assert summaries["communication-volume"]["holds"] is False
 
 
+def test_run_refuses_an_export_folder_it_may_not_write_in_before_running(monkeypatch, tmp_path, capsys):
+    from sharding_lab.labs import commands
+
+    monkeypatch.setattr(commands, "_run_with_progress", lambda *a, **k: pytest.fail("ran before refusing"))
+    monkeypatch.setattr(commands.os, "access", lambda path, mode: Path(path) != tmp_path)  # root may write anywhere
+    export = tmp_path / "out" / "x.json"
+    assert cli.main(["run", "what-fsdp-shards", "--export", str(export)]) == 2
+    assert capsys.readouterr().err == f"sharding-lab run: --export {export}: no permission to write in {tmp_path}\n"
+
+
+def test_an_export_that_fails_on_writing_still_prints_the_runs_and_says_so(monkeypatch, tmp_path, capsys):
+    # A file system that takes no new files (/proc) once ended in a FileNotFoundError traceback after the labs ran.
+    monkeypatch.setattr(
+        "sharding_lab.engine.run_labs.run_labs", lambda lab_ids, world_size, **_: [_fake_run(i, True) for i in lab_ids]
+    )
+
+    def no_new_files(*args, **kwargs):
+        raise FileNotFoundError(2, "No such file or directory")
+
+    monkeypatch.setattr("sharding_lab.atomic_write.tempfile.mkstemp", no_new_files)
+    export = tmp_path / "x.json"
+    assert cli.main(["run", "what-fsdp-shards", "--json", "--export", str(export)]) == 1
+    out, err = capsys.readouterr()
+    assert json.loads(out)["lab"] == "what-fsdp-shards"
+    assert err == (f"sharding-lab run: could not write --export {export}: No such file or directory; "
+                   "the runs are not exported\n")
+    assert not export.exists()
+
+
 def test_run_exits_zero_when_every_claim_holds(monkeypatch, capsys):
     monkeypatch.setattr(
         "sharding_lab.engine.run_labs.run_labs", lambda lab_ids, world_size, **_: [_fake_run(i, True) for i in lab_ids]

@@ -90,6 +90,19 @@ def test_a_timeout_that_is_not_a_positive_number_is_a_usage_error(argv, capsys):
     assert "timeout: must be a positive, finite number" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["measure", "--strategy", "zero3", "--timeout", "1e300"], ["compare", "--timeout", "604801"],
+     ["run", "what-fsdp-shards", "--timeout", "1e300"], ["serve-labs", "--timeout", "1e300"]],
+)
+def test_a_timeout_past_a_week_is_a_usage_error(argv, capsys):
+    # 1e300 once started the ranks, each of which then crashed on an OverflowError (torch's timedelta).
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    assert f"--timeout: must be at most 604,800, got '{argv[-1]}'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("replicas", ["0", "-1"])
 def test_replicas_below_one_is_a_usage_error_naming_the_option(replicas, capsys):
     with pytest.raises(SystemExit) as exit_info:

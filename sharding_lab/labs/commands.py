@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
-from sharding_lab.cli_args import positive_float
+from sharding_lab.cli_args import positive_float, timeout_seconds
 from sharding_lab.labs.evaluate import write_summaries
 from sharding_lab.labs.registry import LABS, get_lab
 from sharding_lab.run_config import DEVICES
@@ -54,7 +55,7 @@ def register(subparsers) -> None:
         help="cpu (gloo, default) or cuda (NCCL, one GPU per rank; with fewer GPUs than ranks, the ranks "
         "share cuda:0 over gloo)",
     )
-    run_parser.add_argument("--timeout", type=positive_float, default=600.0,
+    run_parser.add_argument("--timeout", type=timeout_seconds, default=600.0,
                             help="seconds for each launch, start-up included, before it is ended (default 600; "
                             "a large --size on CPU ranks needs more)")
     run_parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -74,7 +75,7 @@ def register(subparsers) -> None:
     )
     serve_parser.add_argument("--idle-timeout", type=positive_float, default=300.0,
                               help="seconds a pool of ranks stays up without a lab (default 300)")
-    serve_parser.add_argument("--timeout", type=positive_float, default=600.0,
+    serve_parser.add_argument("--timeout", type=timeout_seconds, default=600.0,
                               help="seconds, start-up included, before a hung run is ended")
     serve_parser.set_defaults(func=run_serve_labs)
 
@@ -165,6 +166,8 @@ def _export_problem(path: str) -> str | None:
     folder = next(p for p in target.parents if p.exists())  # missing folders below it are made
     if not folder.is_dir():
         return f"--export {path}: {folder} is a file, so no folder can be made in it"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"--export {path}: no permission to write in {folder}"
     return None
 
 
@@ -188,13 +191,20 @@ def run_run(args: argparse.Namespace) -> int:
 
         print(f"sharding-lab run: the engine failed: {for_user(error)}", file=sys.stderr)
         return 1
+    export_failed = None
     if args.export:
-        write_summaries(runs, args.export)
+        try:
+            write_summaries(runs, args.export)
+        except OSError as error:  # what only writing finds (e.g. a file system that takes no new files)
+            export_failed = f"could not write --export {args.export}: {error.strerror or error}; the runs are not exported"
     if args.json:
         wall_s = time.perf_counter() - started
         print(json.dumps({"runs": runs, "rank_s": timings.get("rank_s"), "wall_s": wall_s} if args.all else runs[0]))
     else:
         _print_runs(runs)
+    if export_failed:
+        print(f"sharding-lab run: {export_failed}", file=sys.stderr)
+        return 1
     return 0 if all(run["holds"] for run in runs) else 1
 
 
