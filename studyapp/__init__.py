@@ -54,16 +54,14 @@ def _install_secret_key(instance_path: str) -> str:
 def _read_secret_key(path: str) -> str:
     """The kept key; one that is empty or not ASCII (edited by hand) is refused by name, not met as a
     traceback here or as a session error on the first request."""
+    from studyapp.auth import NotAscii, read_ascii
     from studyapp.study import SettingError
 
     fix = "delete the file and a new key is made (logged-in browsers then log in again)"
-    with open(path, "rb") as existing:
-        raw = existing.read()
     try:
-        key = raw.decode("ascii").strip()
-    except UnicodeDecodeError as error:
-        raise SettingError("SECRET_KEY", f"is not ASCII (byte {raw[error.start]:#04x} at offset {error.start}): {fix}",
-                           source=path) from None
+        key = read_ascii(path)
+    except NotAscii as error:
+        raise SettingError("SECRET_KEY", f"is not ASCII ({error.where}): {fix}", source=path) from None
     if not key:
         raise SettingError("SECRET_KEY", f"is empty: {fix}", source=path)
     return key

@@ -136,15 +136,31 @@ class TokenStore:
         return self._cached[1]
 
     def _read(self) -> str:
-        with open(self.path, "rb") as existing:
-            raw = existing.read()
         try:
-            return raw.decode("ascii").strip()
-        except UnicodeDecodeError as error:
+            return read_ascii(self.path)
+        except NotAscii as error:
             raise TokenFileError(
-                f"{self.path}: the login token file is not ASCII (byte {raw[error.start]:#04x} at offset "
-                f"{error.start}), and a token is hex digits: delete the file, and `studyapp token` makes a new one"
+                f"{self.path}: the login token file is not ASCII ({error.where}), and a token is hex digits: "
+                "delete the file, and `studyapp token` makes a new one"
             ) from None
+
+
+class NotAscii(ValueError):
+    """A kept file (the login token, the secret key) that is not ASCII: `where` names its first such byte."""
+
+    def __init__(self, where: str):
+        super().__init__(where)
+        self.where = where
+
+
+def read_ascii(path: str) -> str:
+    """A kept file's text, stripped; NotAscii, naming the first byte that is not ASCII, if edited by hand."""
+    with open(path, "rb") as existing:
+        raw = existing.read()
+    try:
+        return raw.decode("ascii").strip()
+    except UnicodeDecodeError as error:
+        raise NotAscii(f"byte {raw[error.start]:#04x} at offset {error.start}") from None
 
 
 def fingerprint(token: str, secret_key: str | bytes) -> str:

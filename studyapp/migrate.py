@@ -67,7 +67,7 @@ def _known(revision: str) -> bool:
 def _check_revision(revision: str) -> None:
     """Refuse an empty revision, or `branch@` with no id after the @: alembic would fail an assertion
     on it (a traceback), where any other revision it cannot find is a CommandError."""
-    if not revision.partition("@")[2 if "@" in revision else 0].strip():
+    if not revision.rpartition("@")[2].strip():  # what follows the @, or the whole revision without one
         raise CommandError(f"{revision!r} is not a revision: name one such as head, base or {head_revision()}")
 
 
