@@ -161,7 +161,9 @@ def peak(step: StepShape) -> Moment:
     return max(peak_moments(step), key=lambda moment: moment.total)
 
 
-def _all_activations(step: StepShape) -> int:
+def saved_activations_bytes(step: StepShape) -> int:
+    """Everything one micro-batch saves for backward, all held at once when its forward ends: every block's
+    saved tensors (only its input under activation checkpointing), what the head and loss save, the inputs."""
     t, act = step.tokens, step.act
     per_block = t * step.width * act if step.activation_checkpointing else block_saved_bytes(t, step.width, step.heads, act)
     outside = outside_blocks_saved_bytes(t, step.seq, step.width, step.vocab, act)
@@ -545,7 +547,7 @@ def _ddp_moments(step: StepShape) -> list[Moment]:
         m = _Ledger(host=0)
         m.phase(f"{which}loss backward")
         m.op("after the forward", parameters=parameters, gradients=buckets + kept, optimizer_state=optimizer,
-             activations=_all_activations(step))
+             activations=saved_activations_bytes(step))
         m.op("the loss's gradient", activations=a)
         _loss_and_head_backward(m, step, root, tc, stats, release)
         for i in reversed(range(step.layers)):

@@ -7,7 +7,15 @@ from __future__ import annotations
 import pytest
 
 from sharding_lab import cli
-from sharding_lab.host_memory import HostMemoryTooSmall, available_bytes, check_fits, model_states_floor
+from sharding_lab.host_memory import (
+    HostMemoryTooSmall,
+    activations_floor,
+    available_bytes,
+    check_fits,
+    model_state_bytes,
+    model_states_floor,
+)
+from sharding_lab.model_config import config_for, num_params
 from sharding_lab.planner import BOUNDS
 from sharding_lab.run_config import RunConfig
 
@@ -55,13 +63,15 @@ PROCESS = 128 * 2**20  # each rank process's floor: torch and gloo, measured at 
 
 
 def test_a_launch_over_the_floor_is_refused_with_its_figures_and_one_under_it_runs():
-    ddp = RunConfig.of("ddp", world_size=2, size="gpt2-small")
+    # 8-token sequences save about 13 MB for backward per rank, under the gradients' 4 Ψ bytes: the
+    # model states at the optimizer step are the floor.
+    ddp = RunConfig.of("ddp", world_size=2, size="gpt2-small", seq_len=8)
     floor = 2 * 16 * PSI + 2 * PROCESS
     check_fits([ddp], available=floor, processes=2)  # exactly the floor: allowed
     with pytest.raises(HostMemoryTooSmall) as refused:
-        check_fits([RunConfig.of("zero3", world_size=2), ddp], available=floor - 1, processes=2)
+        check_fits([RunConfig.of("zero3", world_size=2, seq_len=8), ddp], available=floor - 1, processes=2)
     message = str(refused.value)
-    assert "ddp on 2 CPU rank(s) of gpt2-small" in message and f"{PSI:,} parameters" in message
+    assert "ddp(seq_len=8) on 2 CPU rank(s) of gpt2-small" in message and f"{PSI:,} parameters" in message
     assert "256.0 MiB for 2 rank process(es)" in message
     assert "or zero3, which shards them" in message and "sharding-lab plan --size gpt2-small" in message
     check_fits([ddp.replace(device="cuda")], available=2 * PROCESS, processes=2)  # GPU memory is not the host's
@@ -106,3 +116,75 @@ def test_the_cli_refuses_a_model_no_machine_here_can_hold_before_any_rank_starts
     captured = capsys.readouterr()
     assert captured.out == ""
     assert "needs at least 1.9 TiB of host memory" in captured.err and "Traceback" not in captured.err
+
+
+def saved_for_backward(size: str, batch: int, seq: int, activation_checkpointing: bool) -> int:
+    """Bytes autograd really holds at the end of a forward of the engine's GPT on CPU in fp32: every
+    storage a saved tensor lives in (parameters aside, each storage once), the batch and the loss."""
+    import torch
+
+    from sharding_lab.engine.model import GPT
+
+    torch.manual_seed(0)
+    config = config_for(size)
+    model = GPT(config)
+    model.activation_checkpointing = activation_checkpointing
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    idx, targets = (torch.randint(0, config.vocab_size, (batch, seq)) for _ in range(2))
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in (idx, targets)}
+
+    def pack(tensor):
+        if (pointer := tensor.untyped_storage().data_ptr()) not in parameters:
+            storages[pointer] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = model(idx, targets)
+    storages[loss.untyped_storage().data_ptr()] = loss.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize(
+    ("size", "batch", "seq", "activation_checkpointing"),
+    [("tiny", 2, 32, False), ("mini", 3, 64, False), ("mini", 1, 17, False), ("mini", 3, 64, True)],
+)
+def test_the_activation_floor_is_what_a_real_forward_saves_for_backward(size, batch, seq, activation_checkpointing):
+    config = RunConfig.of("ddp", world_size=3, size=size, batch_size=batch, seq_len=seq,
+                          activation_checkpointing=activation_checkpointing)
+    assert activations_floor(config) == 3 * saved_for_backward(size, batch, seq, activation_checkpointing)
+    assert activations_floor(config, ranks=1) == saved_for_backward(size, batch, seq, activation_checkpointing)
+
+
+def test_a_micro_batch_no_host_can_hold_is_refused_at_its_floor_with_the_flags_that_shrink_it():
+    # tiny's states (a few hundred KiB) are nothing beside 1,024 sequences' saved activations: the end of
+    # a forward (parameters and Adam state, 12 bytes per parameter, beside them) is the fuller moment.
+    config = RunConfig.of("ddp", world_size=2, batch_size=1024, seq_len=32)
+    saved = saved_for_backward("tiny", 1024, 32, False)
+    floor = 2 * 12 * num_params(config_for("tiny")) + 2 * saved + 2 * PROCESS
+    check_fits([config], available=floor, processes=2)
+    with pytest.raises(HostMemoryTooSmall) as refused:
+        check_fits([config], available=floor - 1, processes=2)
+    message = str(refused.value)
+    assert "with micro-batches of 1,024 x 32 tokens" in message and "saved for backward" in message
+    assert "smaller --micro-batch or --seq, or --activation-checkpointing" in message
+    checkpointed = RunConfig.of("ddp", world_size=2, batch_size=1024, seq_len=32, activation_checkpointing=True)
+    assert activations_floor(checkpointed) == 2 * saved_for_backward("tiny", 1024, 32, True) < 2 * saved
+
+
+def test_a_rank_view_holds_rank_0s_share_alone():
+    zero3 = RunConfig.of("zero3", world_size=4, size="gpt2-small")
+    assert model_state_bytes(zero3, ranks=1) == {"params": PSI, "grads": PSI, "optimizer": 2 * PSI}  # 16 Ψ / 4
+    ddp = RunConfig.of("ddp", world_size=8, size="gpt2-small", seq_len=8)
+    assert model_state_bytes(ddp, ranks=1) == {"params": 4 * PSI, "grads": 4 * PSI, "optimizer": 8 * PSI}
+    room = 16 * PSI + 8 * PROCESS  # what one process of ddp needs, far from what 8 real ranks would
+    check_fits([ddp], available=room, processes=1)
+    with pytest.raises(HostMemoryTooSmall, match="summed over the ranks"):
+        check_fits([ddp], available=room, processes=8)
+
+
+def test_the_cli_refuses_a_micro_batch_no_machine_here_can_hold_before_any_rank_starts(capsys):
+    # 10^7 sequences of tiny's 32 tokens save about 2.6 TiB per rank for backward.
+    assert cli.main(["measure", "--strategy", "ddp", "--world-size", "2", "--micro-batch", "10000000", "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "Traceback" not in captured.err
+    assert "saved for backward" in captured.err and "smaller --micro-batch" in captured.err
