@@ -25,7 +25,7 @@ from sharding_lab.cli_args import positive_int, timeout_seconds
 from sharding_lab.labs.commands import register as register_labs  # list, run (no torch on import)
 from sharding_lab.model_config import SIZES
 from sharding_lab.run_config import DEVICES, Placement, RunConfig
-from sharding_lab.strategies import NAMES, STRATEGIES
+from sharding_lab.strategies import NAMES, STRATEGIES, Strategy
 
 if TYPE_CHECKING:
     from sharding_lab.measurement import Measurement
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 
 def _add_run_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--world-size", type=int, default=2, help="ranks to start (default 2)")
+    parser.add_argument("--world-size", type=positive_int, default=2, help="ranks to start (default 2)")
     parser.add_argument("--size", default="tiny", choices=list(SIZES), help="model size (default tiny)")
     parser.add_argument("--tied", action="store_true", help="the head uses the embedding's weight (GPT-2's tie)")
     parser.add_argument("--micro-batch", type=positive_int, default=RunConfig.batch_size,
@@ -52,7 +52,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=positive_int, default=1,
                         help="FSDP: HSDP over a replicas x (world size / replicas) mesh (default 1: full "
                         "sharding); `measure` refuses it for a DDP strategy, `compare` runs those without it")
-    parser.add_argument("--grad-accum", type=int, default=1, metavar="STEPS",
+    parser.add_argument("--grad-accum", type=positive_int, default=1, metavar="STEPS",
                         help="micro-batches per optimizer step; gradients sync on the last only (default 1)")
     parser.add_argument("--device", choices=DEVICES, default="cpu",
                         help="cpu (gloo) or cuda (where ranks go: --placement); ignored under torchrun")
@@ -71,9 +71,7 @@ def _run_config(args: argparse.Namespace, strategy: str, *, fsdp_options_only_wh
                 **options) -> RunConfig:
     """The run the flags describe. `compare` passes FSDP's own options (offload, HSDP) to the FSDP
     strategies only; `measure` refuses them for a DDP strategy, naming the option."""
-    fsdp_options = {"cpu_offload": args.cpu_offload, "replicas": args.replicas}
-    if fsdp_options_only_where_they_apply and not RunConfig.of(strategy).strategy.fully_sharded:
-        fsdp_options = {}
+    fsdp_options = _fsdp_options(args, strategy, only_where_they_apply=fsdp_options_only_where_they_apply)
     return RunConfig.of(
         strategy, world_size=args.world_size, device=args.device, placement=args.placement, size=args.size,
         batch_size=args.micro_batch, seq_len=args.seq, prefetch=args.prefetch, mixed_precision=args.mixed_precision,
@@ -81,6 +79,21 @@ def _run_config(args: argparse.Namespace, strategy: str, *, fsdp_options_only_wh
         activation_checkpointing=args.activation_checkpointing, grad_accum_steps=args.grad_accum,
         model_overrides={"tied": True} if args.tied else {}, **fsdp_options, **options,
     )
+
+
+def _fsdp_options(args: argparse.Namespace, strategy: Strategy | str, *, only_where_they_apply: bool) -> dict:
+    """--cpu-offload and --replicas for `strategy`, refused here by their flags: RunConfig's own
+    ValueErrors name its fields (cpu_offload, replicas=3), which are not what the user typed."""
+    given = [flag for flag, on in (("--cpu-offload", args.cpu_offload), ("--replicas", args.replicas > 1)) if on]
+    if not Strategy.parse(strategy).fully_sharded:
+        if given and not only_where_they_apply:
+            raise ValueError(f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} FSDP2's (zero2, zero3): "
+                             f"{strategy} does not shard parameters")
+        return {}
+    if args.world_size % args.replicas:
+        raise ValueError(f"--replicas {args.replicas} must divide --world-size {args.world_size} "
+                         "(HSDP's mesh is replicas x shards)")
+    return {"cpu_offload": args.cpu_offload, "replicas": args.replicas}
 
 
 def register_measure(subparsers) -> None:

@@ -25,6 +25,7 @@ from sharding_lab.analytic import (
 )
 from sharding_lab.cli_args import positive_int
 from sharding_lab.model_config import config_for
+from sharding_lab.model_config import num_params as num_params_of
 from sharding_lab.planner import BOUNDS
 from sharding_lab.strategies import MODEL_STATE_PARTS, STRATEGIES
 
@@ -277,7 +278,7 @@ def _simulate_with_progress(args: argparse.Namespace):
         )
         with status_console.status(f"Simulating {args.size} at {args.world_size} ranks on fake tensors..."):
             return simulate(config)
-    except ValueError as error:  # unknown size, or a sequence longer than the model's block_size
+    except ValueError as error:  # a sequence longer than the model's block_size
         raise _refused(str(error)) from None
 
 
@@ -296,6 +297,17 @@ def _refuse_unused(args: argparse.Namespace) -> None:
     elif not args.simulate and simulation_only:
         raise _refused(f"{' '.join(simulation_only)} shape the --simulate run; "
                          "without --simulate the estimate takes --params")
+
+
+def _refuse_more_ranks_than_params(world_size: int, num_params: int, model: str) -> None:
+    """The paper's model gives each of N ranks Ψ/N of a sharded part (here ceil(Ψ/N), the flat buffer
+    padded to a multiple of N). Past N = Ψ a rank's share is under one parameter: the table would print
+    one padding element per rank, the same at every N, which answers no question (and a count typed
+    without its suffix, `--params 7` for 7B, lands here)."""
+    if world_size > num_params:
+        raise _refused(f"--world-size {world_size:,} is more ranks than {model} has parameters ({num_params:,}): "
+                       f"the ZeRO paper's model shares Ψ parameters among N ranks, Ψ/N each, so N is at most "
+                       f"Ψ = {num_params:,}")
 
 
 def run_estimate(args: argparse.Namespace) -> int:
@@ -317,15 +329,23 @@ def run_estimate(args: argparse.Namespace) -> int:
     if args.simulate and args.world_size > BOUNDS.gpus:
         # FSDP2 lays out every rank's chunk of every parameter: at 10**8 ranks it would run for a day.
         raise _refused(f"--simulate takes at most {BOUNDS.gpus:,} ranks, as `plan` does; got --world-size "
-                       f"{args.world_size:,} (the analytic estimate, without --simulate, takes any)")
-    simulation = None
+                       f"{args.world_size:,} (the analytic estimate, without --simulate, takes up to its "
+                       "parameter count)")
     if args.simulate:
-        simulation = _simulate_with_progress(args)
-        num_params = simulation.num_params
+        try:
+            num_params = num_params_of(config_for(args.size))
+        except ValueError as error:  # an unknown size, named with the sizes there are
+            raise _refused(str(error)) from None
+        _refuse_more_ranks_than_params(args.world_size, num_params, f"--size {args.size}")
     elif args.params is None:
         raise _refused("--params is required (or use --simulate --size NAME, or --table1)")
     else:
         num_params = args.params
+        _refuse_more_ranks_than_params(args.world_size, num_params, "--params")
+    simulation = None
+    if args.simulate:
+        simulation = _simulate_with_progress(args)
+        num_params = simulation.num_params  # the engine's own count: equal to model_config's (a test holds it)
 
     report = analytic_report(num_params, args.world_size, mixed_precision=args.mixed_precision)
     if simulation is not None:

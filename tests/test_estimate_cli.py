@@ -213,7 +213,29 @@ def test_simulate_refuses_more_ranks_than_plan_takes_before_simulating(monkeypat
     monkeypatch.setattr(estimate, "_simulate_with_progress", lambda args: pytest.fail("simulated before refusing"))
     assert_usage_error(["--simulate", "--world-size", "100000000"],
                        "--simulate takes at most 131,072 ranks, as `plan` does; got --world-size 100,000,000 "
-                       "(the analytic estimate, without --simulate, takes any)", capsys)
+                       "(the analytic estimate, without --simulate, takes up to its parameter count)", capsys)
+
+
+def test_more_ranks_than_parameters_is_a_usage_error_naming_the_count_and_the_bound(capsys):
+    # `--params 10 --world-size 11` once printed a table: one padding element per rank, whatever N.
+    assert_usage_error(["--params", "10", "--world-size", "11"],
+                       "--world-size 11 is more ranks than --params has parameters (10): the ZeRO paper's model "
+                       "shares Ψ parameters among N ranks, Ψ/N each, so N is at most Ψ = 10\n", capsys)
+
+
+def test_as_many_ranks_as_parameters_is_one_parameter_each(capsys):
+    report = estimate_json(["--params", "10", "--world-size", "10"], capsys)
+    # zero3 shards all three parts: 1 element each, fp32 Adam's 4 + 4 + 8 bytes.
+    assert report["strategies"]["zero3"]["model_states_bytes_per_rank"] == {
+        "params": 4, "grads": 4, "optimizer": 8, "total": 16}
+
+
+def test_simulate_refuses_more_ranks_than_the_model_has_parameters_before_simulating(monkeypatch, capsys):
+    # tiny: wte 128x32 + wpe 32x32 + 4 blocks of 12,704 + ln_f 64 + lm_head 128x32 = 60,096 parameters.
+    # 100,000 ranks once simulated for two minutes, then printed the paper's table of padding beside it.
+    monkeypatch.setattr(estimate, "_simulate_with_progress", lambda args: pytest.fail("simulated before refusing"))
+    assert_usage_error(["--simulate", "--world-size", "100000"],
+                       "--world-size 100,000 is more ranks than --size tiny has parameters (60,096)", capsys)
 
 
 def test_world_size_is_required_without_table1(capsys):

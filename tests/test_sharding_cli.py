@@ -120,15 +120,43 @@ def test_a_refused_combination_is_a_usage_error_before_any_rank_starts(capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--strategy", "ddp", "--cpu-offload"], "cpu_offload is an FSDP option: ddp does not shard parameters"),
-        (["--strategy", "zero3", "--world-size", "4", "--replicas", "3"], "replicas=3 must divide the world size 4"),
-        (["--strategy", "zero3", "--grad-accum", "0"], "grad_accum_steps must be at least 1"),
-        (["--strategy", "zero3", "--size", "mini", "--seq", "65"], "seq 65 must be from 1 to mini's block_size 64"),
+        # RunConfig's own messages named its fields (cpu_offload, replicas=3), not the flags typed.
+        (["measure", "--strategy", "ddp", "--cpu-offload"],
+         "--cpu-offload is FSDP2's (zero2, zero3): ddp does not shard parameters"),
+        (["measure", "--strategy", "zero1", "--cpu-offload", "--replicas", "2"],
+         "--cpu-offload and --replicas are FSDP2's (zero2, zero3): zero1 does not shard parameters"),
+        (["measure", "--strategy", "zero3", "--world-size", "4", "--replicas", "3"],
+         "--replicas 3 must divide --world-size 4 (HSDP's mesh is replicas x shards)"),
+        (["compare", "--world-size", "4", "--replicas", "3"],
+         "--replicas 3 must divide --world-size 4 (HSDP's mesh is replicas x shards)"),
+        (["measure", "--strategy", "zero3", "--size", "mini", "--seq", "65"],
+         "seq 65 must be from 1 to mini's block_size 64"),
     ],
 )
 def test_engine_options_the_run_cannot_take_are_named_before_any_rank_starts(argv, message, capsys):
-    assert cli.main(["measure", *argv]) == 2
-    assert message in capsys.readouterr().err
+    assert cli.main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == f"sharding-lab: {message}\n"  # one line, the flag's name
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["measure", "--strategy", "zero3", "--world-size", "0"], "--world-size"),
+        (["compare", "--world-size", "-1"], "--world-size"),
+        (["measure", "--strategy", "zero3", "--grad-accum", "0"], "--grad-accum"),
+        (["compare", "--grad-accum", "-2"], "--grad-accum"),
+    ],
+)
+def test_a_count_below_one_is_a_usage_error_naming_the_flag(argv, flag, capsys):
+    # These once reached RunConfig, whose "world_size must be at least 1" named a field, not the flag.
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.splitlines()[-1].endswith(f"error: argument {flag}: must be a whole number >= 1, got '{argv[-1]}'")
+    assert "world_size" not in captured.err and "grad_accum_steps" not in captured.err
 
 
 @pytest.mark.slow
