@@ -28,6 +28,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+def fraction(text: str) -> float:
+    """A share in [0, 1), e.g. of GPU memory kept free."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value < 1:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"must be a fraction in [0, 1), got {text!r}")
+    return value
+
+
 def at_most(maximum: float, parse: Callable[[str], float] = positive_int) -> Callable[[str], float]:
     """`parse`, bounded above by `maximum` (what one command may be asked to do)."""
 

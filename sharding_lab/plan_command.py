@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from sharding_lab.cli_args import at_most, positive_float
+from sharding_lab.cli_args import at_most, fraction, positive_float
 from sharding_lab.deepspeed_formula import DeepSpeedEstimate, deepspeed_estimate, largest_layer_params
 from sharding_lab.model_config import SIZES, config_for
 from sharding_lab.planner import (
@@ -160,9 +160,7 @@ def _request(args: argparse.Namespace, strategy: Strategy) -> PlanRequest:
                          "(drop --size to plan the shape, or these to plan the named size)")
     if args.tied and args.size is not None:
         model = replace(model, tied=True)
-    mesh = Mesh.parse(args.mesh) if args.mesh is not None else Mesh.of(args.gpus)
-    if mesh.world_size > BOUNDS.gpus:
-        raise ValueError(f"--mesh {args.mesh} is {mesh.world_size:,} GPUs, more than the {BOUNDS.gpus:,} a plan takes")
+    mesh = args.mesh if args.mesh is not None else Mesh.of(args.gpus)
     return PlanRequest(
         model, mesh, args.gpu_memory_gb, micro_batch=args.micro_batch, seq=args.seq, strategy=strategy,
         mixed_precision=args.mixed_precision, activation_checkpointing=args.activation_checkpointing,
@@ -173,7 +171,7 @@ def _request(args: argparse.Namespace, strategy: Strategy) -> PlanRequest:
 def _strategies(args: argparse.Namespace) -> list[Strategy]:
     if args.strategy == "all":
         # Offload and HSDP are FSDP2's: with them, `all` means the strategies that have them.
-        fsdp_only = args.cpu_offload or (args.mesh is not None and Mesh.parse(args.mesh).replicas > 1)
+        fsdp_only = args.cpu_offload or (args.mesh is not None and args.mesh.replicas > 1)
         return [s for s in STRATEGIES if s.fully_sharded or not fsdp_only]
     return [Strategy.parse(args.strategy)]
 
@@ -316,6 +314,17 @@ def _filing(analytic: Plan, simulated: Plan) -> str | None:
     return filing_difference(analytic.peak.bytes_by_category(), simulated.peak.bytes_by_category())
 
 
+def _mesh(text: str) -> Mesh:
+    """--mesh's argument type: a mesh within the GPUs a plan takes, or a usage error naming the flag."""
+    try:
+        mesh = Mesh.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    if mesh.world_size > BOUNDS.gpus:
+        raise argparse.ArgumentTypeError(f"{text!r} is {mesh.world_size:,} GPUs, more than the {BOUNDS.gpus:,} a plan takes")
+    return mesh
+
+
 def register(subparsers, *, simulate: Simulator | None = None) -> None:
     """Add `plan` to the sharding-lab CLI; `simulate` answers --simulate (None: unavailable)."""
     parser = subparsers.add_parser(
@@ -335,11 +344,11 @@ def register(subparsers, *, simulate: Simulator | None = None) -> None:
     model.add_argument("--tied", action="store_true", help="lm_head shares the embedding's weight")
     gpus = parser.add_mutually_exclusive_group(required=True)
     gpus.add_argument("--gpus", type=at_most(BOUNDS.gpus), help="data-parallel GPUs N (a 1-D mesh)")
-    gpus.add_argument("--mesh", help="HSDP mesh REPLICASxSHARDS, e.g. 8x8")
+    gpus.add_argument("--mesh", type=_mesh, help="HSDP mesh REPLICASxSHARDS, e.g. 8x8")
     parser.add_argument("--gpu-memory-gb", type=at_most(BOUNDS.gpu_memory_gb, positive_float), default=80.0,
                         help="memory per GPU in decimal GB (1e9 B), as nvidia-smi's MiB x 1.048576 / 1000: 85.5 for an "
                              "H100, 150.8 for an H200 (their labels' 80 and 141 plan about 7%% low); default 80")
-    parser.add_argument("--headroom", type=float, default=0.1,
+    parser.add_argument("--headroom", type=fraction, default=0.1,
                         help="fraction of GPU memory kept free (default 0.1)")
     parser.add_argument("--micro-batch", type=at_most(BOUNDS.micro_batch), default=1, help="sequences per GPU per forward")
     parser.add_argument("--seq", type=at_most(BOUNDS.dim),

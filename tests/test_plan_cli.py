@@ -107,7 +107,6 @@ def test_simulation_column_from_the_simulator_it_is_given(capsys):
     [
         (["--layers", "2", "--width", "10", "--heads", "3", "--vocab", "32", "--seq", "8", "--gpus", "2"], "divide"),
         (["--size", "13b", "--gpus", "8"], "unknown model size"),
-        (["--size", "mini", "--mesh", "2by2"], "not a mesh"),
         (["--size", "mini", "--gpus", "8", "--strategy", "zero1", "--cpu-offload"], "CPU offload"),
         (["--size", "mini", "--mesh", "2x4", "--strategy", "ddp"], "HSDP"),
         (["--size", "mini", "--gpus", "2", "--seq", "65"], "exceeds"),
@@ -115,7 +114,6 @@ def test_simulation_column_from_the_simulator_it_is_given(capsys):
         (["--size", "mini", "--gpus", "2", "--seq-len", "32"], "a named size has its own"),
         (["--size", "tiny", "--layers", "2", "--width", "64", "--gpus", "2"],
          "--layers --width give a shape of your own; --size tiny has its own"),
-        (["--size", "tiny", "--mesh", "1000x1000"], "--mesh 1000x1000 is 1,000,000 GPUs, more than the 131,072"),
         (["--layers", "2", "--width", "64", "--heads", "4", "--vocab", "512", "--seq-len", "32", "--seq", "64",
           "--gpus", "2"], "exceeds"),
     ],
@@ -132,6 +130,13 @@ def test_bad_input_is_a_message_not_a_traceback(argv, message, capsys):
     (["--gpus", "2", "--gpu-memory-gb", "inf"], "argument --gpu-memory-gb: must be a positive, finite number, got 'inf'"),
     (["--gpus", "2", "--gpu-memory-gb", "10001"], "argument --gpu-memory-gb: must be at most 10,000"),
     (["--gpus", "2", "--grad-accum", "4097"], "argument --grad-accum: must be at most 4,096"),
+    # These were one-line errors naming no flag ("headroom is a fraction ...", "a mesh needs ...").
+    (["--mesh", "1000x1000"], "argument --mesh: '1000x1000' is 1,000,000 GPUs, more than the 131,072 a plan takes"),
+    (["--mesh", "2by2"], "argument --mesh: not a mesh: '2by2'"),
+    (["--mesh", "2x0"], "argument --mesh: a mesh needs at least 1 x 1 GPUs, got 2 x 0"),
+    (["--gpus", "2", "--headroom", "1"], "argument --headroom: must be a fraction in [0, 1), got '1'"),
+    (["--gpus", "2", "--headroom", "-0.1"], "argument --headroom: must be a fraction in [0, 1), got '-0.1'"),
+    (["--gpus", "2", "--headroom", "nan"], "argument --headroom: must be a fraction in [0, 1), got 'nan'"),
 ])
 def test_inputs_beyond_a_plans_bounds_are_usage_errors(argv, message, capsys):
     # The bounds are the app's too; unbounded, --gpus 100000000 planned ZeRO-1 for minutes in 11 GB.
