@@ -347,7 +347,7 @@ def register(subparsers, *, simulate: Simulator | None = None) -> None:
     gpus.add_argument("--mesh", type=_mesh, help="HSDP mesh REPLICASxSHARDS, e.g. 8x8")
     parser.add_argument("--gpu-memory-gb", type=at_most(BOUNDS.gpu_memory_gb, positive_float), default=80.0,
                         help="memory per GPU in decimal GB (1e9 B), as nvidia-smi's MiB x 1.048576 / 1000: 85.5 for an "
-                             "H100, 150.8 for an H200 (their labels' 80 and 141 plan about 7%% low); default 80")
+                             "H100, 150.8 for an H200 (planning with their labels' 80 and 141 leaves about 6.5%% unused); default 80")
     parser.add_argument("--headroom", type=fraction, default=0.1,
                         help="fraction of GPU memory kept free (default 0.1)")
     parser.add_argument("--micro-batch", type=at_most(BOUNDS.micro_batch), default=1, help="sequences per GPU per forward")

@@ -205,8 +205,8 @@ _RULES: dict[Strategy, _Rules] = {
             CollectivePlan("reduce_scatter", "backward", 1),
         ),
         description=(
-            "FSDP2 fully_shard per block and on the root with reshard_after_forward=True (ZeRO stage 3): "
-            "parameters, gradients and Adam state are sharded. Each block's parameters are all-gathered "
+            "FSDP2 fully_shard per block with reshard_after_forward=True (ZeRO stage 3), and on the root "
+            "with False: parameters, gradients and Adam state are sharded. Each block's parameters are all-gathered "
             "just before its forward, freed after it, all-gathered again before its backward, and its "
             "gradients reduce-scattered so each rank keeps its 1/N slice. The root stays unsharded from "
             "forward to backward because backward needs it first."

@@ -85,7 +85,7 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
     Field("mesh", "HSDP mesh (replicas x shards)", "", "mesh",
           hint="optional, e.g. 8x8; must make up the GPUs (an empty GPUs field takes it)"),
     Field("gpu_memory_gb", "GPU memory (GB)", "80", "float", minimum=0, maximum=BOUNDS.gpu_memory_gb,
-          hint="decimal GB per GPU: an H100 has 85.5 (its label's 80 plans 7% low), an H200 150.8", positive=True),
+          hint="decimal GB per GPU: an H100 has 85.5 (planning with its label's 80 leaves 6.4% unused), an H200 150.8", positive=True),
     Field("headroom", "Headroom (%)", "10", "float", minimum=0, maximum=99,
           hint="kept free for the CUDA context, NCCL and the allocator"),
     Field("micro_batch", "Micro-batch", "1", maximum=BOUNDS.micro_batch, hint="sequences per GPU per forward"),
