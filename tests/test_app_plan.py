@@ -365,11 +365,13 @@ def test_simulate_refuses_bad_input_a_missing_token_and_what_it_cannot_simulate(
 
 
 @pytest.mark.parametrize("accept", [None, "text/html", "*/*"])
-def test_the_simulation_status_api_answers_json_whatever_the_accept_header(client, accept):
-    # The login check treated the route as JSON, yet its 404 was an HTML page unless JSON was asked for.
-    response = client.get("/plan/simulations/99", headers={"Accept": accept} if accept else {})
+@pytest.mark.parametrize("run_id", ["99", "abc", "-1"])
+def test_the_simulation_status_api_answers_json_whatever_the_accept_header(client, accept, run_id):
+    # The login check treated the route as JSON, yet its 404 was an HTML page unless JSON was asked for
+    # (and always for an id that was not a number: no route matched it).
+    response = client.get(f"/plan/simulations/{run_id}", headers={"Accept": accept} if accept else {})
     assert (response.status_code, response.mimetype) == (404, "application/json")
-    assert response.get_json() == {"error": "There is no plan simulation 99.", "status": 404}
+    assert response.get_json() == {"error": f"There is no plan simulation {run_id}.", "status": 404}
 
 
 def test_plan_argv_is_a_fixed_list_for_a_shape_and_a_mesh():

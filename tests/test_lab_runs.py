@@ -116,11 +116,13 @@ def test_unknown_labs_and_runs_are_404(client, csrf_token, app):
 
 
 @pytest.mark.parametrize("accept", [None, "text/html", "*/*"])
-def test_the_run_status_api_answers_json_whatever_the_accept_header(client, accept):
-    # The login check treated the route as JSON, yet its 404 was an HTML page unless JSON was asked for.
-    response = client.get("/labs/runs/999", headers={"Accept": accept} if accept else {})
+@pytest.mark.parametrize("run_id", ["999", "abc", "-1", "1.5", "\u0661", str(2**40)])
+def test_the_run_status_api_answers_json_whatever_the_accept_header(client, accept, run_id):
+    # The login check treated the route as JSON, yet its 404 was an HTML page unless JSON was asked for;
+    # and an id no integer converter took ("abc") matched no route: an HTML 404 whatever was asked.
+    response = client.get(f"/labs/runs/{run_id}", headers={"Accept": accept} if accept else {})
     assert (response.status_code, response.mimetype) == (404, "application/json")
-    assert response.get_json() == {"error": "There is no lab run 999.", "status": 404}
+    assert response.get_json() == {"error": f"There is no lab run {run_id}.", "status": 404}
 
 
 @pytest.mark.parametrize("world_size", [3, 1, 0, -2, 64, "two", "2; rm -rf /", 2.0, True, None, [2], "",

@@ -194,13 +194,21 @@ def _device(raw: Any) -> str:
     return device
 
 
-@bp.get("/runs/<int:run_id>")
-def run_status(run_id: int):
+@bp.get("/runs/<run_id>")
+def run_status(run_id: str):
     session = get_session()
-    run = session.get(LabRun, run_id) if run_id < 2**31 else None
+    run = find_run(session, run_id)
     if run is None:
         abort(404, description=f"There is no lab run {run_id}.")
     return jsonify(run_json(session, run))
+
+
+def find_run(session: Session, run_id: str) -> LabRun | None:
+    """The run a status URL names. The id is read here rather than by an `<int:>` converter, whose
+    mismatch (`/labs/runs/abc`) would be a 404 of no route, an HTML page, on a JSON API."""
+    if not (run_id.isascii() and run_id.isdecimal()) or int(run_id) >= 2**31:
+        return None
+    return session.get(LabRun, int(run_id))
 
 
 def run_json(session: Session, run: LabRun) -> dict[str, Any]:

@@ -48,10 +48,9 @@ from studyapp.lab_runs.plan_runs import (
     simulation_params,
 )
 from studyapp.lab_runs.queue import PLAN_SIMULATION
-from studyapp.models import LabRun
 from studyapp.plan_chart import ChartBar, memory_chart
 from studyapp.views.forms import json_body
-from studyapp.views.labs import run_json  # a lab run's JSON: one shape for both job kinds
+from studyapp.views.labs import find_run, run_json  # a lab run's JSON: one shape for both job kinds
 
 bp = Blueprint("plan", __name__, url_prefix="/plan")
 
@@ -408,10 +407,10 @@ def start_simulation():
     return redirect(url_for("plan.index", **inputs.query()), code=303)
 
 
-@bp.get("/simulations/<int:run_id>")
-def simulation_status(run_id: int):
+@bp.get("/simulations/<run_id>")
+def simulation_status(run_id: str):
     session = get_session()
-    run = session.get(LabRun, run_id) if run_id < 2**31 else None
+    run = find_run(session, run_id)
     if run is None or run.lab_id != PLAN_SIMULATION:
         abort(404, description=f"There is no plan simulation {run_id}.")
     return jsonify(run_json(session, run))
