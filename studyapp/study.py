@@ -303,6 +303,10 @@ def _find_submission(session: Session, sid: str) -> ReviewLog | None:
     return session.exec(select(ReviewLog).where(ReviewLog.submission_id == sid)).first()
 
 
+def _card_version(session: Session, card_id: int) -> int | None:
+    return session.exec(select(Card.version).where(Card.id == card_id)).first()
+
+
 def grade(
     session: Session,
     *,
@@ -354,12 +358,16 @@ def grade(
             if changed != 1:
                 raise ReviewConflict()
             (log_id,) = _APPEND_LOG.rows(connection, log)[0]
-    except (ReviewConflict, IntegrityError, OperationalError):
+    except (ReviewConflict, IntegrityError, OperationalError) as error:
         # A repeat, or a lost race (rolled back): if it was this same submission, that one counts.
         if existing := _find_submission(session, sid):
             if existing.undone_at is not None:  # this showing's answer was taken back: it no longer counts
                 raise ReviewConflict("that answer was undone, so it no longer counts; reload to answer the card again") from None
             return GradeResult.of(existing, duplicate=True)
+        if isinstance(error, OperationalError) and _card_version(session, card_id) == version:
+            # Nothing else wrote the card: no race was lost (SQLite's "locked" on a read upgraded to a write
+            # is one), the database refused the write (full, read-only, locked past the busy timeout).
+            raise
         raise ReviewConflict() from None
     finally:
         session.expire_all()
@@ -434,6 +442,7 @@ def undo_last(session: Session, now: datetime, review_id: int | None = None) -> 
     ).first()
     if card is None or newer is not None:
         raise ReviewConflict("another review arrived meanwhile; reload and try again")
+    card_id, read_version = card.id, card.version  # as read: a rollback expires `card`
     try:
         changed = session.execute(
             update(Card)
@@ -454,10 +463,12 @@ def undo_last(session: Session, now: datetime, review_id: int | None = None) -> 
         if changed != 1 or marked != 1:
             raise ReviewConflict("another review or undo arrived meanwhile; reload and try again")
         session.commit()
-    except (ReviewConflict, OperationalError):
+    except (ReviewConflict, OperationalError) as error:
         session.rollback()
         if review_id is not None and (named := session.get(ReviewLog, review_id)) and named.undone_at is not None:
             raise AlreadyUndone(named) from None  # the same undo, posted twice at once: the other one did it
+        if isinstance(error, OperationalError) and _card_version(session, card_id) == read_version:
+            raise  # nothing else wrote the card: the database refused the write (see grade)
         raise ReviewConflict("another review or undo arrived meanwhile; reload and try again") from None
     finally:
         session.expire_all()

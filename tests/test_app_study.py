@@ -6,6 +6,7 @@ import html
 import re
 
 import pytest
+from conftest import csrf_token_of
 from sqlmodel import Session, select
 
 from studyapp import sm2
@@ -336,3 +337,78 @@ def test_a_requested_card_outside_the_sessions_deck_is_not_shown_under_it(client
     shown = shown_card(client, f"/study?deck=beta&card={alpha.id}")  # an alpha card asked for in beta's session
     assert card(app, shown["card_id"]).deck_id == "beta" and "Beta deck" in shown["page"]
     assert shown_card(client, f"/study?deck=alpha&card={alpha.id}")["card_id"] == str(alpha.id)
+
+
+@pytest.fixture
+def locked_app(app_config, tmp_path, bank_dir, monkeypatch):
+    """The app on SQLite with a 0.2 s busy timeout, and a way to hold the database's write lock from
+    another connection (what a long `bank sync` or another process's write does)."""
+    import sqlite3
+    from contextlib import contextmanager
+
+    from studyapp import create_app, db
+    from studyapp.sync import sync_bank
+
+    monkeypatch.setattr(db, "SQLITE_BUSY_TIMEOUT_S", 0.2)
+    path = tmp_path / "locked.sqlite3"
+    app = create_app({**app_config, "DATABASE_URL": f"sqlite:///{path}"}, instance_path=str(tmp_path / "locked-instance"))
+    sync_bank(get_engine(app), bank_dir)
+
+    @contextmanager
+    def write_lock_held():
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+
+    yield app, write_lock_held
+    get_engine(app).dispose()
+
+
+def test_a_grade_the_database_refuses_is_a_503_that_changes_nothing_not_an_edit_conflict(locked_app, caplog):
+    # It was a 409 "this card changed since it was shown (another tab?)": the card had not changed.
+    app, write_lock_held = locked_app
+    client = app.test_client()
+    token = csrf_token_of(client)
+    shown = shown_card(client)
+    before = card(app, shown["card_id"])
+    with write_lock_held():
+        refused = client.post("/study/grade", data={"csrf_token": token, "card_id": shown["card_id"],
+                                                     "version": shown["version"], "choice": before.answer, "quality": 4})
+    assert refused.status_code == 503
+    assert "could not be written (database is locked), so nothing was changed" in text(refused)
+    assert "changed since it was shown" not in text(refused)
+    assert "database is locked" in caplog.text  # and the server's log has it
+    assert logs(app) == [] and card(app, before.id).version == before.version
+    # The same showing, sent again once the lock is gone, is recorded once.
+    assert submit(client, token, shown, before.answer, 4).status_code == 302
+    assert [log.card_id for log in logs(app)] == [before.id]
+
+
+def test_an_undo_the_database_refuses_is_a_503_that_changes_nothing(locked_app):
+    app, write_lock_held = locked_app
+    client = app.test_client()
+    token = csrf_token_of(client)
+    shown = shown_card(client)
+    answer = card(app, shown["card_id"]).answer
+    assert submit(client, token, shown, answer, 4).status_code == 302
+    graded = card(app, shown["card_id"])
+    with write_lock_held():
+        refused = client.post("/study/undo", data={"csrf_token": token}, headers={"Accept": "application/json"})
+    assert refused.status_code == 503 and "database is locked" in refused.get_json()["error"]
+    [log] = logs(app)
+    assert log.undone_at is None and card(app, graded.id).version == graded.version
+    assert client.post("/study/undo", data={"csrf_token": token}).status_code == 302
+    assert logs(app)[0].undone_at is not None
+
+
+def test_a_lab_run_the_database_refuses_is_a_503_not_a_bare_500(locked_app):
+    app, write_lock_held = locked_app
+    client = app.test_client()
+    token = csrf_token_of(client)
+    with write_lock_held():
+        refused = client.post("/labs/what-fsdp-shards/runs", json={}, headers={"X-CSRF-Token": token})
+    assert refused.status_code == 503 and "could not be written (database is locked)" in refused.get_json()["error"]

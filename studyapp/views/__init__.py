@@ -22,7 +22,10 @@ Every POST needs the CSRF token (studyapp.csrf). Client errors render error.html
 
 from __future__ import annotations
 
+import sqlite3
+
 from flask import Flask, current_app, jsonify, render_template
+from sqlalchemy.exc import OperationalError
 from werkzeug.exceptions import HTTPException, ServiceUnavailable
 
 from studyapp.auth import TokenFileError, wants_json
@@ -52,8 +55,20 @@ def render_damaged_token_file(error: TokenFileError):
                     "instance/login_token and run `studyapp token` for a new one (the server's log says more)."))
 
 
+def render_database_refused(error: OperationalError):
+    """The database refused a read or write (full, read-only, locked past its busy timeout, its server
+    gone): a 503 that says nothing was changed, not a bare 500, and the error in the log. SQLite's
+    message names the cause and no path; another driver's may name its host, so only the log has it."""
+    current_app.logger.error("the database refused a request: %s", error)
+    cause = f" ({error.orig})" if isinstance(error.orig, sqlite3.Error) else ""
+    return render_http_error(ServiceUnavailable(
+        description=f"The database could not be written{cause}, so nothing was changed; try again in a "
+                    "moment (the server's log says more)."))
+
+
 def init_app(app: Flask) -> None:
     for blueprint in BLUEPRINTS:
         app.register_blueprint(blueprint)
     app.register_error_handler(HTTPException, render_http_error)
     app.register_error_handler(TokenFileError, render_damaged_token_file)
+    app.register_error_handler(OperationalError, render_database_refused)
