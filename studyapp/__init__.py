@@ -17,6 +17,8 @@ from typing import Any
 
 from flask import Flask
 
+from sharding_lab import atomic_write
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DATABASE_URL_ENV = "STUDYAPP_DATABASE_URL"
 SECRET_KEY_FILE = "secret_key"
@@ -41,14 +43,12 @@ DEFAULTS: dict[str, Any] = {
 def _install_secret_key(instance_path: str) -> str:
     """A random key made once per install and kept in the instance folder (never in the repo)."""
     path = os.path.join(instance_path, SECRET_KEY_FILE)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return _read_secret_key(path)
-    with os.fdopen(fd, "w", encoding="ascii") as new:
-        key = secrets.token_hex(32)
-        new.write(key)
-    return key
+    key = secrets.token_hex(32)
+    # Whole or not at all: a first start killed midway once left an empty key file that stopped
+    # every later command, and a second process starting meanwhile read it empty.
+    if atomic_write.create_text(Path(path), key, mode=0o600, durable=True):
+        return key
+    return _read_secret_key(path)
 
 
 def _read_secret_key(path: str) -> str:

@@ -105,19 +105,16 @@ class TokenStore:
 
     def ensure(self) -> tuple[str, bool]:
         """(the token, whether it was just made). Made once, owner-only, never overwritten here but when empty."""
-        try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            os.chmod(self.path, 0o600)  # tighten a copy restored with looser permissions
-            existing = self.current()
-            if existing is not None:
-                return existing, False
-            # Empty: a first start cut off (or a full disk) between creating the file and writing it.
-            return self.rotate(), True
-        token = make_token(self.random_bytes)
-        with os.fdopen(fd, "w", encoding="ascii") as out:
-            out.write(token + "\n")
-        return token, True
+        if not os.path.exists(self.path):
+            token = make_token(self.random_bytes)
+            if atomic_write.create_text(Path(self.path), token + "\n", mode=0o600):
+                return token, True  # (False: another process made it a moment ago)
+        os.chmod(self.path, 0o600)  # tighten a copy restored with looser permissions
+        existing = self.current()
+        if existing is not None:
+            return existing, False
+        # Empty: emptied by hand, or left by a version that created the file before writing it.
+        return self.rotate(), True
 
     def rotate(self) -> str:
         """A new token, swapped in atomically (a reader sees the old file or the new one)."""

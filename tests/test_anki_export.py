@@ -415,6 +415,45 @@ def test_a_folder_with_its_own_manifest_exports_whatever_the_committed_one_holds
     assert result.exit_code == 1 and f"Error: {committed / MANIFEST_FILE} is not a manifest this app wrote" in result.output
 
 
+def test_an_export_cut_off_midway_never_leaves_a_published_package_newer_than_its_manifest(tmp_path, collection,
+                                                                                           monkeypatch):
+    # Killed after fsdp.apkg but before the manifest, an export once left the edit's stamp unrecorded: the
+    # author's revert was then stamped as old as before the edit, and the learner, who had imported the
+    # edited fsdp.apkg, kept the edit (Anki updates a note only from a newer one).
+    import studyapp.anki.package as package
+
+    bank, out = tmp_path / "bank", tmp_path / "out"
+    export_anki(load_bank(write_bank(bank)), out, {}, T0)
+    import_package(collection, out / ALL_DECKS_FILE)
+    write_bank(bank, edits={"fsdp-q1": "FSDP question 1, reworded?"})
+    write_whole_package = package.write_package
+
+    def killed_after_the_first_package(decks, *args):
+        if (out / "fsdp.apkg").stat().st_mtime_ns != first_written:
+            raise KeyboardInterrupt  # stands for the SIGKILL: nothing after this runs
+        return write_whole_package(decks, *args)
+
+    first_written = (out / "fsdp.apkg").stat().st_mtime_ns
+    monkeypatch.setattr(package, "write_package", killed_after_the_first_package)
+    with pytest.raises(KeyboardInterrupt):
+        export_anki(load_bank(bank), out, {}, T0 + 3600)
+    monkeypatch.undo()
+    assert import_package(collection, out / "fsdp.apkg")["updated"] == [guid("fsdp-q1")]  # the learner has the edit
+
+    write_bank(bank)  # the author reverts it
+    export_anki(load_bank(bank), out, {}, T0 + 7200)
+    assert import_package(collection, out / "fsdp.apkg")["updated"] == [guid("fsdp-q1")]
+    assert notes_in(collection)[guid("fsdp-q1")]["fields"]["Question"] == "FSDP question 1?"
+
+
+def test_one_decks_file_is_refused_as_the_bank_to_export(runner, tmp_path):
+    # It was exported as the whole bank: all-decks.apkg and lab-results.json lost every other deck.
+    write_bank(tmp_path / "ours")
+    result = runner.invoke(args=["export-anki", "--bank", str(tmp_path / "ours" / "fsdp.yaml"), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "'--bank'" in result.output and "is a file" in result.output
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_failed_export_keeps_the_packages_it_had_and_says_why(runner, tmp_path, monkeypatch):
     import studyapp.anki.package as package
 

@@ -62,6 +62,36 @@ def test_the_secret_key_is_made_once_per_install_and_kept_private(tmp_path):
     assert other != first
 
 
+def _start_in_a_child(instance: Path, before: str = "") -> subprocess.Popen:
+    """`create_app` on `instance` in a fresh interpreter, after running `before` there; prints the key."""
+    script = f"{before}\nfrom studyapp import create_app\nprint(create_app(instance_path={str(instance)!r}).config['SECRET_KEY'], flush=True)\n"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env)
+
+
+def test_a_first_start_killed_while_making_the_key_leaves_no_key_file_and_the_next_start_makes_one(tmp_path):
+    # It once left an empty secret_key (created, then written), and every later command refused it.
+    instance = tmp_path / "instance"
+    held = "import os, time\ndef held(*args):\n    print('linking', flush=True)\n    time.sleep(60)\nos.link = held"
+    child = _start_in_a_child(instance, before=held)
+    assert child.stdout.readline() == "linking\n"  # the whole key is written beside, about to be linked
+    child.kill()
+    child.wait()
+    assert not (instance / SECRET_KEY_FILE).exists()  # no key file at all, never an empty one
+    assert list(instance.glob(f".{SECRET_KEY_FILE}.{child.pid}.*.part"))  # the scratch SIGKILL left behind
+    key = create_app(instance_path=str(instance)).config["SECRET_KEY"]
+    assert (instance / SECRET_KEY_FILE).read_text() == key and len(key) == 64
+    assert sorted(p.name for p in instance.iterdir() if p.name.startswith(".")) == []  # the scratch is gone
+
+
+def test_first_starts_at_the_same_time_agree_on_one_key(tmp_path):
+    instance = tmp_path / "instance"
+    children = [_start_in_a_child(instance) for _ in range(4)]
+    keys = {child.communicate(timeout=120)[0].strip() for child in children}
+    assert all(child.returncode == 0 for child in children)
+    assert keys == {(instance / SECRET_KEY_FILE).read_text()}
+
+
 def test_the_repository_holds_no_secret_key():
     require_git_checkout()
     repo = Path(__file__).resolve().parent.parent

@@ -4,7 +4,9 @@ stand-in processes; tests/test_lab_server.py holds the real `sharding-lab serve-
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -81,3 +83,37 @@ def test_exited_gives_up_after_its_timeout_on_a_running_process():
     finally:
         stop_group(process, grace_s=0)
         process.wait(5)
+
+
+# The app's side: run_json_process in a stand-in server, which the test then kills outright.
+SERVER = """
+import sys
+from studyapp.lab_runs.process import run_json_process
+stand_in, marker = sys.argv[1], sys.argv[2]
+run_json_process([sys.executable, "-c", stand_in, "clean", marker], 120,
+                 on_start=lambda process: print(process.pid, flush=True), stopped="stopped", no_json="no JSON")
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_lab_process_ends_with_a_server_killed_outright(tmp_path):
+    # It ran on, orphaned, beside the next server's runs, and that server called it stopped.
+    marker = tmp_path / "cleaned"
+    server = subprocess.Popen([sys.executable, "-c", SERVER, STAND_IN, str(marker)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    lab = int(server.stdout.readline())
+
+    def the_lab_answers_sigterm() -> bool:  # exec'd from the guard into the stand-in, its handler set
+        status = Path(f"/proc/{lab}/status").read_text()
+        caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16)
+        return bool(caught & (1 << (signal.SIGTERM - 1)))
+
+    try:
+        wait_for(the_lab_answers_sigterm, 30, "the lab process to start")
+        server.kill()
+        server.wait()
+        wait_for(lambda: marker.is_file() and marker.read_text().startswith("cleaned"), 10, "the lab's SIGTERM clean-up")
+        wait_for(lambda: process_gone(lab), 10, "the lab process to end")
+    finally:  # failing, leave nothing running: the lab leads its own process group
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(lab, signal.SIGKILL)

@@ -26,9 +26,9 @@ import sys
 from typing import IO
 
 from sharding_lab.engine import launch
-from sharding_lab.engine.launch import die_with_parent
 from sharding_lab.engine.pool import IDLE_TIMEOUT_S, Pools
 from sharding_lab.labs.registry import LABS
+from sharding_lab.parent_death import die_with_parent
 from sharding_lab.run_config import DEVICES
 
 

@@ -42,6 +42,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from sharding_lab.parent_death import die_with_parent
 from sharding_lab.run_config import Placement
 
 _LABEL_WIDTH = 96  # bytes of shared memory per rank for its last progress label
@@ -217,18 +218,6 @@ def _init_rank(
         )
     mesh = init_device_mesh(device_type, (world_size,), mesh_dim_names=("dp",))
     return device, backend, mesh
-
-
-def die_with_parent(parent: int, signum: int = signal.SIGKILL) -> None:
-    """Linux: have the kernel send this process `signum` when its parent (pid `parent`) dies, even by
-    SIGKILL, or the parent's thread that started it ends; exit at once if the parent is already gone.
-    (Not `getppid() == 1`: a container's pid 1 is a live parent, and every rank it started exited.)"""
-    if not sys.platform.startswith("linux"):
-        return
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signum)
-    if os.getppid() != parent:  # it died before the request took effect
-        os._exit(1)
 
 
 def _rank_main(

@@ -36,6 +36,7 @@ from typing import Any
 
 from sharding_lab.engine import launch
 from sharding_lab.engine.launch import RankContext
+from sharding_lab.parent_death import die_with_parent
 from sharding_lab.pool_folders import FOLDER_PREFIX, remove_stale_folders
 from sharding_lab.run_config import Placement
 
@@ -234,7 +235,7 @@ def _freeze_heap() -> None:
 
 def _pool_rank_main(rank, world_size, init_method, device_type, placement, group_timeout_s, tasks, results,
                     counts, labels, stack_dir, owner):
-    launch.die_with_parent(owner)
+    die_with_parent(owner)
     os.dup2(2, 1)  # stdout belongs to the parent (its --json output or its protocol)
     sys.stdout = sys.stderr
     stack_file = open(Path(stack_dir) / f"rank{rank}.txt", "w")  # noqa: SIM115 - open for the process's life

@@ -13,7 +13,6 @@ import itertools
 import json
 import shutil
 import sqlite3
-import tempfile
 import zipfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -105,8 +104,9 @@ def write_apkg(package: genanki.Package, path: Path, timestamp: int) -> None:
     - the zip entries carry a fixed date, so an unchanged bank rebuilds byte for byte and
       re-exporting it leaves exports/ unchanged in git.
     """
-    with tempfile.TemporaryDirectory() as tmp:
-        database = Path(tmp) / "collection.anki2"
+    # The collection is a scratch file beside the package, not in $TMPDIR: a killed export's is then
+    # removed by the next one (atomic_write.remove_stale_scratch), and never fills another disk.
+    with atomic_write.scratch_beside(path) as database:
         connection = sqlite3.connect(database)
         try:
             connection.execute("PRAGMA synchronous = OFF")
@@ -170,6 +170,12 @@ def export_anki(
     Stamps come from `out_dir`'s manifest, else from `previous`; the updated manifest and the
     lab results the notes carry are written beside the packages, so that a rebuild from those
     files gives the same notes. Returns the packages written.
+
+    Those two files are written first: they describe the packages about to be written. An export
+    killed midway then leaves packages older than the manifest (`--check` says so, and the next
+    export writes them), never a published package newer than its manifest: its stamps would be
+    lost, and a later export with the edit reverted would stamp the note older than the learner's
+    copy, which Anki would keep.
     """
     chosen = [deck for deck in decks if deck_id in (None, deck.id)]
     if not chosen:
@@ -186,15 +192,15 @@ def export_anki(
         labs = {q.lab for deck in decks for q in deck.questions}
         carried = {lab: carried_result(result) for lab, result in lab_results.items() if result and lab in labs}
 
-    written = [write_package([deck], notes, manifest, out_dir / f"{deck.id}.apkg") for deck in chosen]
-    if deck_id is None:
-        written.append(write_package(chosen, notes, manifest, out_dir / ALL_DECKS_FILE))
-    atomic_write.write_text(out_dir / MANIFEST_FILE, manifest.to_json())
-
-    # Record the results these notes were built with; with one deck, only its labs change.
+    # Record the results these notes are built with; with one deck, only its labs change.
     for lab in {q.lab for deck in chosen for q in deck.questions}:
         carried.pop(lab, None)
         if lab_results.get(lab):
             carried[lab] = carried_result(lab_results[lab])
+    atomic_write.write_text(out_dir / MANIFEST_FILE, manifest.to_json())
     atomic_write.write_text(out_dir / LAB_RESULTS_FILE, json.dumps(carried, indent=1, sort_keys=True) + "\n")
+
+    written = [write_package([deck], notes, manifest, out_dir / f"{deck.id}.apkg") for deck in chosen]
+    if deck_id is None:
+        written.append(write_package(chosen, notes, manifest, out_dir / ALL_DECKS_FILE))
     return written

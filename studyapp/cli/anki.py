@@ -64,7 +64,10 @@ def _dated(run: LabRun) -> dict[str, Any]:
     default=None,
     help="Folder for the .apkg files, manifest.json and lab-results.json (default: the app's exports/).",
 )
-@click.option("--bank", "bank_dir", type=click.Path(exists=True, path_type=Path), default=None, help="Bank folder (default: the app's bank/).")
+# A folder only: one deck's file would be exported as the whole bank, its all-decks.apkg and
+# lab-results.json losing every other deck (`--deck ID` exports one deck beside the others).
+@click.option("--bank", "bank_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="Bank folder, the whole bank (default: the app's bank/); --deck exports one of its decks.")
 @click.option("--check", is_flag=True, help="Write nothing; fail if the folder is out of date with the bank.")
 @with_appcontext
 def export_anki_command(deck_id: str | None, out_dir: Path | None, bank_dir: Path | None, check: bool) -> None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sharding_lab.labs.registry import LABS  # metadata only: no torch
+from sharding_lab.parent_death import guarded
 from sharding_lab.proc_stat import every_process
 from sharding_lab.run_config import DEVICES  # no torch
 from studyapp.models import LabRun, RunStatus
@@ -108,7 +109,9 @@ def run_json_process(
     done with that object, or failed saying why (timed out: `stopped`; killed by a signal; no JSON:
     `no_json`), with the tail of its stderr."""
     process = subprocess.Popen(
-        list(argv),
+        # Guarded: a server killed outright (SIGKILL, the OOM killer) takes it along; orphaned, it ran on
+        # beside the next server's runs, and that server called it stopped.
+        guarded(list(argv)),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
