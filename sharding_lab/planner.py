@@ -335,12 +335,12 @@ def analytic_leaves_out(request: PlanRequest) -> tuple[str, ...]:
 
 def _found_against_the_simulation(request: PlanRequest) -> list[str]:
     """Differences a fuzz of small shapes against the simulation found (2026-12-05, torch 2.13, 226 zero2/zero3
-    plans), not yet modelled: each said where it applies, with its size here where it has one."""
+    plans; the same on torch 2.11), not yet modelled: each said where it applies, with its size here where it has one."""
     if not request.strategy.fully_sharded:
         return []
     found = []
     if request.mesh.shards == 1:
-        found.append("a shard group of one GPU: FSDP2 (torch 2.13) then skips the all-gather, copying each shard "
+        found.append("a shard group of one GPU: FSDP2 (torch 2.11 and 2.13) then skips the all-gather, copying each shard "
                      "into its unsharded parameter, and copies each gradient instead of reduce-scattering it, while "
                      "this model counts the collectives' buffers as at two GPUs or more (on small shapes its peak "
                      "was from 4.7% low to 11.5% high against the simulation)")

@@ -241,7 +241,7 @@ SHAPE = ["--layers", "1", "--width", "16", "--heads", "1", "--vocab", "8", "--se
     ("argv", "simulated_minus_analytic", "said"),
     [
         # Found by fuzzing 226 small plans against the simulation (2026-12-05); each is the smallest case found.
-        ([*SHAPE, "--gpus", "1"], -476, "a shard group of one GPU: FSDP2 (torch 2.13) then skips the all-gather"),
+        ([*SHAPE, "--gpus", "1"], -476, "a shard group of one GPU: FSDP2 (torch 2.11 and 2.13) then skips the all-gather"),
         ([*SHAPE[:6], "--vocab", "512", "--seq-len", "1", "--gpus", "2", "--mixed-precision"], 512 * 16 * 2,
          "one bf16 tensor of the embedding's size (16.0 KiB here)"),
         (["--layers", "2", *SHAPE[2:], "--gpus", "2", "--grad-accum", "2", "--activation-checkpointing"], 5 * 16 * 4,
