@@ -15,17 +15,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from sharding_lab.proc_stat import alive
+
 SCRATCH_SUFFIX = ".part"
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def remove_stale_scratch(path: Path) -> None:
@@ -33,7 +25,7 @@ def remove_stale_scratch(path: Path) -> None:
     names the process that made it, and one whose process no longer runs is nobody's."""
     for leftover in path.parent.glob(f".{glob.escape(path.name)}.*{SCRATCH_SUFFIX}"):
         pid = leftover.name[len(path.name) + 2:].split(".", 1)[0]
-        if pid.isdecimal() and not _running(int(pid)):
+        if pid.isdecimal() and not alive(int(pid)):
             leftover.unlink(missing_ok=True)
 
 

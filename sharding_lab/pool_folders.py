@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from sharding_lab.proc_stat import read_stat
+from sharding_lab.proc_stat import alive
 
 FOLDER_PREFIX = "sharding-lab-pool-"  # then the owner's pid: its ranks' stack files
 
@@ -19,20 +19,8 @@ def remove_stale_folders(temp_dir: str | None = None) -> list[str]:
     removed = []
     for folder in Path(temp_dir or tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*-*"):
         owner = folder.name[len(FOLDER_PREFIX):].split("-", 1)[0]
-        if owner.isdigit() and int(owner) != os.getpid() and not _alive(int(owner)):
+        if owner.isdigit() and int(owner) != os.getpid() and not alive(int(owner)):
             shutil.rmtree(folder, ignore_errors=True)  # another user's stays: not ours to remove
             if not folder.exists():
                 removed.append(folder.name)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    """Whether `pid` is a running process (a zombie, dead but not yet reaped, is not)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    stat = read_stat(pid)
-    return stat is None or stat.live  # None: no /proc (not Linux), or it ended just now

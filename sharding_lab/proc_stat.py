@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,3 +40,15 @@ def every_process() -> list[ProcessStat]:
         return []
     found = (read_stat(int(entry.name)) for entry in PROC.iterdir() if entry.name.isdigit())
     return [stat for stat in found if stat is not None]
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` is a running process (a zombie, dead but not yet reaped, is not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    stat = read_stat(pid)
+    return stat is None or stat.live  # None: no /proc (not Linux), or it ended just now
