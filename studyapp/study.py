@@ -365,8 +365,8 @@ def grade(
                 raise ReviewConflict("that answer was undone, so it no longer counts; reload to answer the card again") from None
             return GradeResult.of(existing, duplicate=True)
         if isinstance(error, OperationalError) and _card_version(session, card_id) == version:
-            # Nothing else wrote the card: no race was lost (SQLite's "locked" on a read upgraded to a write
-            # is one), the database refused the write (full, read-only, locked past the busy timeout).
+            # Nothing else wrote the card, so no race was lost: the database refused the write (full,
+            # read-only, locked past its busy timeout), which the app answers with a 503.
             raise
         raise ReviewConflict() from None
     finally:

@@ -379,7 +379,7 @@ def test_a_grade_the_database_refuses_is_a_503_that_changes_nothing_not_an_edit_
         refused = client.post("/study/grade", data={"csrf_token": token, "card_id": shown["card_id"],
                                                      "version": shown["version"], "choice": before.answer, "quality": 4})
     assert refused.status_code == 503
-    assert "could not be written (database is locked), so nothing was changed" in text(refused)
+    assert "could not be read or written (database is locked), so nothing was changed" in text(refused)
     assert "changed since it was shown" not in text(refused)
     assert "database is locked" in caplog.text  # and the server's log has it
     assert logs(app) == [] and card(app, before.id).version == before.version
@@ -411,4 +411,4 @@ def test_a_lab_run_the_database_refuses_is_a_503_not_a_bare_500(locked_app):
     token = csrf_token_of(client)
     with write_lock_held():
         refused = client.post("/labs/what-fsdp-shards/runs", json={}, headers={"X-CSRF-Token": token})
-    assert refused.status_code == 503 and "could not be written (database is locked)" in refused.get_json()["error"]
+    assert refused.status_code == 503 and "could not be read or written (database is locked)" in refused.get_json()["error"]

@@ -62,7 +62,7 @@ def render_database_refused(error: OperationalError):
     current_app.logger.error("the database refused a request: %s", error)
     cause = f" ({error.orig})" if isinstance(error.orig, sqlite3.Error) else ""
     return render_http_error(ServiceUnavailable(
-        description=f"The database could not be written{cause}, so nothing was changed; try again in a "
+        description=f"The database could not be read or written{cause}, so nothing was changed; try again in a "
                     "moment (the server's log says more)."))
 
 
