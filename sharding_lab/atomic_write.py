@@ -65,6 +65,8 @@ def create_text(path: Path, text: str, *, mode: int = 0o644, durable: bool = Fal
     """`text` at `path` only if nothing is there yet, whole or not at all: True if this call made it,
     False if the file existed (another process may have made it a moment before: read it). Never an
     empty or half-written file, even when two processes start at once or one is killed midway."""
+    if path.exists():  # the usual case, every later start: nothing to write
+        return False
     with scratch_beside(path) as scratch:
         scratch.write_text(text, encoding="utf-8", newline="")
         _settle(scratch, mode, durable)

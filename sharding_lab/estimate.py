@@ -333,7 +333,7 @@ def run_estimate(args: argparse.Namespace) -> int:
                        "parameter count)")
     if args.simulate:
         try:
-            num_params = num_params_of(config_for(args.size))
+            num_params = num_params_of(config_for(args.size))  # the engine's own count (a test holds it)
         except ValueError as error:  # an unknown size, named with the sizes there are
             raise _refused(str(error)) from None
         _refuse_more_ranks_than_params(args.world_size, num_params, f"--size {args.size}")
@@ -342,10 +342,7 @@ def run_estimate(args: argparse.Namespace) -> int:
     else:
         num_params = args.params
         _refuse_more_ranks_than_params(args.world_size, num_params, "--params")
-    simulation = None
-    if args.simulate:
-        simulation = _simulate_with_progress(args)
-        num_params = simulation.num_params  # the engine's own count: equal to model_config's (a test holds it)
+    simulation = _simulate_with_progress(args) if args.simulate else None
 
     report = analytic_report(num_params, args.world_size, mixed_precision=args.mixed_precision)
     if simulation is not None:

@@ -53,11 +53,6 @@ def model_state_bytes(config: RunConfig, ranks: int | None = None) -> dict[str, 
             for part in MODEL_STATE_PARTS}
 
 
-def model_states_floor(config: RunConfig) -> int:
-    """Bytes of model states all of `config`'s ranks hold together at the optimizer step, at the least."""
-    return sum(model_state_bytes(config).values())
-
-
 def activations_floor(config: RunConfig, ranks: int | None = None) -> int:
     """Bytes that `ranks` of `config`'s ranks (default all) hold saved for backward at the end of a forward:
     each rank's micro-batch, as the planner counts it tensor by tensor (`planner_memory.saved_activations_bytes`)."""

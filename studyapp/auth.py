@@ -105,7 +105,7 @@ class TokenStore:
 
     def ensure(self) -> tuple[str, bool]:
         """(the token, whether it was just made). Made once, owner-only, never overwritten here but when empty."""
-        if not os.path.exists(self.path):
+        if not os.path.exists(self.path):  # (so an existing token takes no randomness)
             token = make_token(self.random_bytes)
             if atomic_write.create_text(Path(self.path), token + "\n", mode=0o600):
                 return token, True  # (False: another process made it a moment ago)
