@@ -34,6 +34,10 @@ def fake_server(*options: str) -> list[str]:
     return [sys.executable, str(FAKE_SERVER), *options]
 
 
+def assert_done(outcome, what: str = "") -> None:
+    assert outcome.status == RunStatus.done, f"{what}: {outcome.error}" if what else outcome.error
+
+
 def test_one_child_answers_every_run():
     server = LabServer(fake_server())
     try:
@@ -64,7 +68,7 @@ def test_a_run_past_its_timeout_kills_the_child_and_its_group_and_the_next_run_s
         assert len(pids) == 2
         wait_for(lambda: all(process_gone(pid) for pid in pids), 10, "the child and its grandchild gone")
         server.argv = fake_server()
-        assert server.run(LAB, 2, timeout_s=30).status == RunStatus.done
+        assert_done(server.run(LAB, 2, timeout_s=30))
     finally:
         server.stop()
 
@@ -76,7 +80,7 @@ def test_a_child_that_dies_fails_its_run_clearly_and_an_engine_error_is_a_failed
         assert failed.status == RunStatus.failed and failed.error.startswith("rank 1 failed")
         died = server.run(LAB, 2, timeout_s=30)
         assert died.status == RunStatus.failed and "the lab server exited with status 3" in died.error
-        assert server.run(LAB, 2, timeout_s=30).status == RunStatus.done, "a fresh child"
+        assert_done(server.run(LAB, 2, timeout_s=30), "a fresh child")
     finally:
         server.stop()
 
@@ -129,7 +133,7 @@ def test_the_real_lab_server_leaves_no_files_or_semaphores_when_stopped_or_timed
     semaphores = shared_semaphores()
     server = LabServer(server_argv(idle_timeout_s=60, timeout_s=240))
     try:
-        assert server.run(LAB, 2, timeout_s=240).status == RunStatus.done
+        assert_done(server.run(LAB, 2, timeout_s=240))
         assert any(path.name.startswith("sharding-lab-pool-") for path in temp.iterdir()), "a warm pool's folder"
         assert shared_semaphores() - semaphores, "its ranks' queues hold semaphores while the pool is up"
         pid = server.pid
@@ -172,7 +176,7 @@ def test_a_hung_rank_in_the_real_lab_server_is_named_before_the_run_times_out(tm
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # where the server saves the hung rank's stack
     server = LabServer(server_argv(idle_timeout_s=60, timeout_s=40))
     try:
-        assert server.run(LAB, 2, timeout_s=240).status == RunStatus.done
+        assert_done(server.run(LAB, 2, timeout_s=240))
         pid, ranks = server.pid, rank_pids(server.pid)
         assert len(ranks) == 2
         os.kill(ranks[1], signal.SIGSTOP)
@@ -182,7 +186,7 @@ def test_a_hung_rank_in_the_real_lab_server_is_named_before_the_run_times_out(tm
         assert "Traceback" not in outcome.error
         assert server.pid == pid, "the server answered, so it was not stopped"
         wait_for(lambda: all(process_gone(rank) for rank in ranks), 10, "the hung pool's ranks gone")
-        assert server.run(LAB, 2, timeout_s=240).status == RunStatus.done, "a fresh pool"
+        assert_done(server.run(LAB, 2, timeout_s=240), "a fresh pool")
     finally:
         server.stop()
 
@@ -199,13 +203,13 @@ def test_a_lab_server_killed_with_sigkill_leaves_no_rank_and_the_next_start_remo
     semaphores = shared_semaphores()
     server = LabServer(server_argv(idle_timeout_s=60, timeout_s=240))
     try:
-        assert server.run(LAB, 2, timeout_s=240).status == RunStatus.done
+        assert_done(server.run(LAB, 2, timeout_s=240))
         killed, ranks = server.pid, rank_pids(server.pid)
         left = pool_folders(tmp_path)
         assert len(ranks) == 2 and len(left) == 1
         os.kill(killed, signal.SIGKILL)
         wait_for(lambda: all(process_gone(rank) for rank in ranks), 10, "the killed server's ranks gone")
-        assert server.run(LAB, 2, timeout_s=240).status == RunStatus.done, "a fresh server"
+        assert_done(server.run(LAB, 2, timeout_s=240), "a fresh server")
         assert server.pid != killed
         assert left[0] not in pool_folders(tmp_path), "the next pool removed the killed server's folder"
         assert len(pool_folders(tmp_path)) == 1, "the live server's own"

@@ -32,11 +32,10 @@ def test_overlap_is_the_part_of_communication_time_inside_compute_time():
 
 
 @pytest.fixture(scope="module")
-def one_rank_group():
+def one_rank_group(tmp_path_factory):
     """A one-rank gloo group in this process: collectives still reach the dispatcher."""
-    from sharding_lab.engine.launch import _free_port
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    store = tmp_path_factory.mktemp("group") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
 

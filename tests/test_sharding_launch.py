@@ -322,3 +322,24 @@ def test_a_launcher_that_is_pid_1_runs_its_ranks(tmp_path):
                           env={**os.environ, "TMPDIR": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout)["config"]["world_size"] == 2
+
+
+def test_ranks_meet_at_the_port_rank_0s_store_bound_and_a_late_rank_0_is_named():
+    # No port is picked ahead of the bind (another process could take it meanwhile): rank 0's store
+    # binds one the OS gives it and publishes it; a peer connects there and sees what rank 0 wrote.
+    import multiprocessing
+
+    from sharding_lab.engine.launch import Meeting
+
+    meeting = Meeting.new(multiprocessing.get_context("spawn"))
+    assert meeting.port.value == 0
+    owner = meeting.store(0, 2, timeout_s=10)
+    assert meeting.port.value == owner.port > 0
+    owner.set("from-rank-0", b"hello")
+    assert meeting.store(1, 2, timeout_s=10).get("from-rank-0") == b"hello"
+
+    unopened = Meeting.new(multiprocessing.get_context("spawn"))
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="rank 0 did not open the ranks' store within 0.3 s"):
+        unopened.store(1, 2, timeout_s=0.3)
+    assert 0.3 <= time.monotonic() - started < 5

@@ -4,9 +4,10 @@
 rank order. `ctx` carries the rank, the device and the 1-D device mesh, built here and passed
 explicitly. Two ways to get ranks:
 
-- On its own, it spawns `world_size` processes on this machine (CPU + gloo by default) that meet at a
-  free port on 127.0.0.1. A rank that raises, dies or stops making progress ends the whole run with
-  `RankFailed` naming that rank, and every process it started is gone when it returns or raises.
+- On its own, it spawns `world_size` processes on this machine (CPU + gloo by default) that meet at the
+  store rank 0 opens on 127.0.0.1, on a port the OS picks (`Meeting`). A rank that raises, dies or stops
+  making progress ends the whole run with `RankFailed` naming that rank, and every process it started
+  is gone when it returns or raises.
   `Placement.SHARED_GPU` puts all of them on cuda:0 over gloo; `Placement.RANK_VIEW` starts one process
   that is rank 0 of `world_size` on torch's fake process group (real memory, collectives answered
   without moving data), and returns that one rank's result.
@@ -29,7 +30,6 @@ import os
 import pickle
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -184,15 +184,45 @@ def is_reporting_rank() -> bool:
 # --- inside a rank ----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Meeting:
+    """Where spawned ranks meet: rank 0 opens the process group's store on a port the OS picks and
+    publishes it in `port` (shared memory, 0 until then); the others wait for it. A port picked free in
+    the parent and bound by rank 0 seconds later, after importing torch, could be taken meanwhile."""
+
+    port: Any  # a multiprocessing RawValue of c_int
+
+    @classmethod
+    def new(cls, context) -> Meeting:
+        return cls(context.RawValue(ctypes.c_int, 0))
+
+    def store(self, rank: int, world_size: int, timeout_s: float):
+        import torch.distributed as dist
+
+        timeout = timedelta(seconds=timeout_s)
+        if rank == 0:
+            store = dist.TCPStore("127.0.0.1", 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+            self.port.value = store.port
+            return store
+        deadline = time.monotonic() + timeout_s
+        while (port := self.port.value) == 0:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank 0 did not open the ranks' store within {timeout_s:g} s")
+            time.sleep(0.01)
+        return dist.TCPStore("127.0.0.1", port, world_size, is_master=False, timeout=timeout)
+
+
 def _init_rank(
     rank: int,
     world_size: int,
     local_rank: int,
     device_type: str,
-    init_method: str,
+    meeting: Meeting | None,
     timeout_s: float,
     placement: Placement = Placement.RANKS,
 ):
+    """This rank's device, backend and mesh; spawned ranks meet at `meeting`, torchrun's (None) at its
+    environment's store."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -207,21 +237,23 @@ def _init_rank(
         device, backend = torch.device("cuda", gpu), "nccl" if placement is Placement.RANKS else "gloo"
     else:
         device, backend = torch.device("cpu"), "gloo"
+    timeout = timedelta(seconds=timeout_s)
     if placement is Placement.RANK_VIEW:
         from sharding_lab.engine import _torch_internals as internals
 
         backend = "fake"
         dist.init_process_group("fake", rank=rank, world_size=world_size, store=internals.fake_store())
+    elif meeting is None:
+        dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size, timeout=timeout)
     else:
-        dist.init_process_group(
-            backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
-        )
+        store = meeting.store(rank, world_size, timeout_s)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     mesh = init_device_mesh(device_type, (world_size,), mesh_dim_names=("dp",))
     return device, backend, mesh
 
 
 def _rank_main(
-    rank, world_size, init_method, device_type, placement, timeout_s, fn, args, results, counts, labels, stack_dir,
+    rank, world_size, meeting, device_type, placement, timeout_s, fn, args, results, counts, labels, stack_dir,
     parent,
 ):
     die_with_parent(parent)
@@ -231,7 +263,7 @@ def _rank_main(
     stack_file = open(Path(stack_dir) / f"rank{rank}.txt", "w")  # noqa: SIM115 - open for the process's life
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     try:
-        device, backend, mesh = _init_rank(rank, world_size, rank, device_type, init_method, timeout_s, placement)
+        device, backend, mesh = _init_rank(rank, world_size, rank, device_type, meeting, timeout_s, placement)
         ctx = RankContext(rank, world_size, rank, backend, device, mesh, counts, labels)
         ctx.mark("started")
         result = fn(ctx, *args)
@@ -251,7 +283,7 @@ def _run_under_torchrun(fn, args, timeout_s: float) -> list[Any]:
 
     rank, world_size, local_rank = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    device, backend, mesh = _init_rank(rank, world_size, local_rank, device_type, "env://", timeout_s)
+    device, backend, mesh = _init_rank(rank, world_size, local_rank, device_type, None, timeout_s)
     try:
         try:
             result = fn(RankContext(rank, world_size, local_rank, backend, device, mesh), *args)
@@ -287,12 +319,6 @@ def _exchange(obj: Any, rank: int, world_size: int, timeout_s: float) -> list[An
 # --- the parent that spawns ranks -------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn_ranks(
     fn, world_size: int, args: tuple, device_type: str, placement: Placement, timeout_s: float, on_progress
 ) -> list[Any]:
@@ -301,13 +327,13 @@ def _spawn_ranks(
     processes_wanted = 1 if placement is Placement.RANK_VIEW else world_size
     counts = context.Array(ctypes.c_longlong, processes_wanted, lock=False)
     labels = context.Array(ctypes.c_char, processes_wanted * _LABEL_WIDTH, lock=False)
-    init_method = f"tcp://127.0.0.1:{_free_port()}"
+    meeting = Meeting.new(context)
     with tempfile.TemporaryDirectory(prefix="sharding-lab-") as stack_dir:
         processes = [
             context.Process(
                 target=_rank_main,
                 args=(
-                    rank, world_size, init_method, device_type, placement, timeout_s, fn, args, results, counts,
+                    rank, world_size, meeting, device_type, placement, timeout_s, fn, args, results, counts,
                     labels, stack_dir, os.getpid(),
                 ),
                 name=f"sharding-lab-rank{rank}",

@@ -79,11 +79,11 @@ class RankPool:
         self._labels = context.Array(ctypes.c_char, processes_wanted * launch._LABEL_WIDTH, lock=False)
         remove_stale_folders()
         self._stack_dir = tempfile.TemporaryDirectory(prefix=f"{FOLDER_PREFIX}{os.getpid()}-")
-        init_method = f"tcp://127.0.0.1:{launch._free_port()}"
+        meeting = launch.Meeting.new(context)
         self._processes = [
             context.Process(
                 target=_pool_rank_main,
-                args=(rank, self.world_size, init_method, self.device, self.placement, self.group_timeout_s,
+                args=(rank, self.world_size, meeting, self.device, self.placement, self.group_timeout_s,
                       self._tasks[rank], self._results, self._counts, self._labels, self._stack_dir.name,
                       os.getpid()),
                 name=f"sharding-lab-pool{self.world_size}-rank{rank}",
@@ -233,7 +233,7 @@ def _freeze_heap() -> None:
     gc.freeze()
 
 
-def _pool_rank_main(rank, world_size, init_method, device_type, placement, group_timeout_s, tasks, results,
+def _pool_rank_main(rank, world_size, meeting, device_type, placement, group_timeout_s, tasks, results,
                     counts, labels, stack_dir, owner):
     die_with_parent(owner)
     os.dup2(2, 1)  # stdout belongs to the parent (its --json output or its protocol)
@@ -242,7 +242,7 @@ def _pool_rank_main(rank, world_size, init_method, device_type, placement, group
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     try:
         device, backend, mesh = launch._init_rank(
-            rank, world_size, rank, device_type, init_method, group_timeout_s, placement
+            rank, world_size, rank, device_type, meeting, group_timeout_s, placement
         )
         ctx = RankContext(rank, world_size, rank, backend, device, mesh, counts, labels)
         ctx.mark("started")
