@@ -246,6 +246,9 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
     block_padded = fsdp_padded_numel(step.block_shapes, s)
     root_padded = fsdp_padded_numel(step.root_shapes, s)
     P, R = block_padded * a, root_padded * a  # one block's, and the root's, gathered parameters (padded)
+    # The all-gathers' flat outputs. A shard group of one GPU gathers nothing: FSDP2 copies each shard
+    # straight into its unsharded parameter (FSDPParamGroup.wait_for_unshard, world_size == 1).
+    gathered_P, gathered_R = (P, R) if s > 1 else (0, 0)
     params_sharded = FP32 * sharded
     optimizer = 2 * FP32 * sharded + ADAM_STEP_COUNTER_BYTES * step.num_tensors
     host = 0
@@ -268,10 +271,10 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
     # With accumulation the previous micro-batch's (divided) loss is held until this one's replaces it.
     held_loss = a if accumulated else 0
     m.op("the previous micro-batch's loss", activations=held_loss)
-    m.op("the root's all-gather", all_gather_buffers=R)
+    m.op("the root's all-gather", all_gather_buffers=gathered_R)
     m.op("its copy-out", parameters=R)
     if prefetch:
-        m.op("block 0's prefetched all-gather", all_gather_buffers=P)
+        m.op("block 0's prefetched all-gather", all_gather_buffers=gathered_P)
     m.op("positions", activations=positions)
     m.op("token embeddings", activations=tc)
     m.op("position embeddings", activations=step.seq * c * a)
@@ -280,22 +283,18 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
     for j in range(layers):
         m.phase(f"block {j} forward")
         if not prefetch:
-            m.op("its all-gather", all_gather_buffers=P)
+            m.op("its all-gather", all_gather_buffers=gathered_P)
         m.op("its copy-out", parameters=P)
         if j == 0:
-            m.op("the root's all-gather buffer freed", all_gather_buffers=-R)
+            m.op("the root's all-gather buffer freed", all_gather_buffers=-gathered_R)
         else:
-            m.op("the previous all-gather buffer freed", all_gather_buffers=-P)
+            m.op("the previous all-gather buffer freed", all_gather_buffers=-gathered_P)
         if prefetch and j + 1 < layers:
-            m.op(f"block {j + 1}'s prefetched all-gather", all_gather_buffers=P)
-        if ac:
-            m.op("its output (the next block's input)", activations=tc)
-            # non-reentrant checkpointing saves nothing else; the forward's tensors are freed as it goes
-            m.op("the largest forward temporary", temporaries=4 * tc)
-            m.op("freed", temporaries=-4 * tc)
-        else:
-            for name, saved in _block_forward(tc, stats, lse):
-                m.op(name, activations=saved)
+            m.op(f"block {j + 1}'s prefetched all-gather", all_gather_buffers=gathered_P)
+        # Non-reentrant checkpointing saves nothing but the block's input: its forward's tensors live only
+        # while Python holds them, and only its output (the next block's input) stays.
+        for name, saved in (_checkpointed_block_forward if ac else _block_forward)(tc, stats, lse):
+            m.op(name, activations=saved)
         if zero3:
             m.op("resharded", parameters=-P)
     m.phase("loss forward")
@@ -307,10 +306,20 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
     m.op("the logits freed", activations=-t * v * a)
     # --- backward ------------------------------------------------------------------------------------
     m.phase("loss backward")
-    m.op("the loss's gradient", activations=a, all_gather_buffers=-P)
+    m.op("the loss's gradient", activations=a, all_gather_buffers=-gathered_P)
     if zero3 and prefetch:
-        m.op(f"block {layers - 1}'s prefetched all-gather", all_gather_buffers=P)
+        m.op(f"block {layers - 1}'s prefetched all-gather", all_gather_buffers=gathered_P)
     grads, root = _block_gradient_bytes(step), _root_gradient_bytes(step)
+    # foreach_reduce (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py) copies a unit's unsharded
+    # gradients into its reduce-scatter buffer and clears their list, but on more than one shard its loop
+    # over them (`for i, (fsdp_param, unsharded_grad) in ...`, for Shard(dim > 0)) leaves the last one in
+    # `unsharded_grad` until it returns: that gradient outlives the others past the reduce-scatter output's
+    # allocation. The last is the unit's last parameter: a block's mlp.c_proj bias (weight without biases);
+    # the root's untied lm_head weight (vocab x width), or, tied, ln_f's bias (weight). With accumulation
+    # it is the kept fp32 one.
+    held = (FP32 if accumulated else a) if s > 1 else 0
+    last_block_grad = held * math.prod(step.block_shapes[-1])
+    last_root_grad = held * math.prod(step.root_shapes[-1])
     # With accumulation each gradient is added to the kept fp32 one once taken (a tied head's waits
     # for the embedding's instead); without, they stay until their unit's reduce-scatter.
     release = _released(grads | root, step, new=bool(accumulated))
@@ -320,11 +329,11 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
         m.phase(f"block {i} backward")
         if zero3:
             if not prefetch:
-                m.op("its all-gather", all_gather_buffers=P)
+                m.op("its all-gather", all_gather_buffers=gathered_P)
             m.op("its copy-out", parameters=P)
-            m.op("the all-gather buffer freed", all_gather_buffers=-P)
+            m.op("the all-gather buffer freed", all_gather_buffers=-gathered_P)
             if prefetch and i > 0:
-                m.op(f"block {i - 1}'s prefetched all-gather", all_gather_buffers=P)
+                m.op(f"block {i - 1}'s prefetched all-gather", all_gather_buffers=gathered_P)
         if ac:
             _recompute(m, tc, stats, lse)
         _block_backward(m, grads, tc, stats, lse, ac, release)
@@ -335,8 +344,9 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
             m.op("the previous reduce-scatter buffer freed", reduce_scatter_buffers=-FP32 * block_padded)
         m.op("the reduce-scatter buffer", reduce_scatter_buffers=FP32 * block_padded)
         kept = FP32 * step.block_numel if accumulated else 0
-        m.op("its gradients freed, the shard kept",
-             gradients=-(kept or block_grads) + sharded_grad(block_padded))
+        m.op("its gradients freed but the last, the shard kept",
+             gradients=-(kept or block_grads) + last_block_grad + sharded_grad(block_padded))
+        m.op("the last gradient freed", gradients=-last_block_grad)
     m.phase("end of backward")
     _embeddings_backward(m, step, root, tc, wpe_taken=0)  # with accumulation FSDP adds wpe's below
     wpe_grad, wte_grad = root["wpe"], root["wte"]
@@ -355,8 +365,9 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
     m.op("the last block's reduce-scatter buffer freed", reduce_scatter_buffers=-FP32 * block_padded)
     m.op("the root's reduce-scatter buffer", reduce_scatter_buffers=FP32 * root_padded)
     root_grads = step.root_numel * a
-    m.op("its gradients freed, the shard kept",
-         gradients=-(FP32 * step.root_numel if accumulated else root_grads) + sharded_grad(root_padded))
+    m.op("its gradients freed but the last, the shard kept",
+         gradients=-(FP32 * step.root_numel if accumulated else root_grads) + last_root_grad + sharded_grad(root_padded))
+    m.op("the last gradient freed", gradients=-last_root_grad)
     m.phase("optimizer step")
     m.op("the reduce-scatter buffer freed", reduce_scatter_buffers=-FP32 * root_padded,
          activations=-loss_scalars // 2)
@@ -396,6 +407,28 @@ def _block_forward(tc: int, stats: int, lse: int) -> list[tuple[str, int]]:
         ("mlp.c_proj", tc),
         ("residual add", tc),
         ("mlp.c_proj's output freed", -tc),
+    ]
+
+
+def _checkpointed_block_forward(tc: int, stats: int, lse: int) -> list[tuple[str, int]]:
+    """A checkpointed block's forward (use_reentrant=False, outside backward) op by op: what each op
+    allocates and what is freed by then (negative). Nothing is saved, but a tensor lives as long as Python
+    holds it: ln_1's output is attn.forward's argument, so it, q, k, v and the attention output live until
+    attn returns; ln_2's output is mlp.forward's, c_fc's output gelu's argument. The fullest moment is
+    gelu's: the residual x + attn, ln_2's output, c_fc's and gelu's outputs (10 tc beside the block's
+    input). The statistics and the logsumexp are freed at once (not saved). Leaves the output (tc)."""
+    return [
+        ("ln_1", tc + stats),
+        ("c_attn (ln_1's statistics freed)", 3 * tc - stats),
+        ("attention", tc + lse),
+        ("attn.c_proj (the logsumexp freed)", tc - lse),
+        ("residual add (ln_1's output, q, k, v and the attention output freed)", tc - 5 * tc),
+        ("ln_2 (attn.c_proj's output freed)", tc + stats - tc),
+        ("c_fc (ln_2's statistics freed)", 4 * tc - stats),
+        ("gelu", 4 * tc),
+        ("mlp.c_proj (c_fc's output freed)", tc - 4 * tc),
+        ("residual add: the output (ln_2's and gelu's outputs freed)", tc - 5 * tc),
+        ("the residual and mlp.c_proj's output freed", -2 * tc),
     ]
 
 

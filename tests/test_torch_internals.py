@@ -71,3 +71,51 @@ def test_cublas_workspaces_clear_on_a_cuda_build_and_are_named_missing_on_a_cpu_
         with pytest.raises(internals.TorchInternalMissing, match="_cuda_clearCublasWorkspaces") as error:
             internals.clear_cublas_workspaces()
         assert torch.__version__ in str(error.value)
+
+
+def gradients_alive_after_each_reduce(ctx, tracker: str):
+    """One real fp32 FSDP2 step of a 1-block GPT on this rank, under `tracker` ("none", "torch": torch's
+    FSDPMemTracker, "ours": the engine's); for each FSDP2 reduce, which of the unsharded gradients it was
+    handed are still alive (weakly referenced) once it returns. FSDP2 frees them all in it."""
+    import weakref
+
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group
+
+    from sharding_lab.engine.model import GPT, GPTConfig
+
+    model = GPT(GPTConfig(block_size=4, vocab_size=64, n_layer=1, n_head=1, n_embd=16))
+    for block in model.blocks:
+        fully_shard(block, mesh=ctx.mesh)
+    fully_shard(model, mesh=ctx.mesh)
+    alive, reduce = [], _fsdp_param_group.foreach_reduce
+
+    def watched(fsdp_params, unsharded_grads, *args, **kwargs):
+        held = [(p._param_fqn, weakref.ref(g)) for p, g in zip(fsdp_params, unsharded_grads, strict=True)]
+        result = reduce(fsdp_params, unsharded_grads, *args, **kwargs)
+        alive.append([name for name, grad in held if grad() is not None])
+        return result
+
+    _fsdp_param_group.foreach_reduce = watched
+    classes = {"torch": internals.fsdp_mem_tracker_class(),
+               "ours": internals.with_category_peaks(internals.fsdp_mem_tracker_class())}
+    import contextlib
+
+    tokens = torch.randint(0, 64, (2, 4))
+    with classes[tracker](mod=model) if tracker in classes else contextlib.nullcontext():
+        model(tokens, tokens).backward()
+    _fsdp_param_group.foreach_reduce = reduce
+    return alive
+
+
+@pytest.mark.slow
+def test_the_engines_fsdp_tracker_holds_no_gradient_fsdp2_freed_and_torchs_holds_the_last():
+    # torch's tracker wraps each post-backward in a loop whose variable keeps the group's last unsharded
+    # gradient alive through the reduce that frees the rest: the tracked step held (and counted) it.
+    from sharding_lab.engine.launch import run_ranks
+
+    (untracked,) = run_ranks(gradients_alive_after_each_reduce, 1, "none", timeout_s=120)
+    (ours,) = run_ranks(gradients_alive_after_each_reduce, 1, "ours", timeout_s=120)
+    (torchs,) = run_ranks(gradients_alive_after_each_reduce, 1, "torch", timeout_s=120)
+    assert untracked == ours == [[], []]  # the block's reduce, then the root's
+    assert torchs == [["blocks.0.mlp.c_proj.bias"], ["lm_head.weight"]]

@@ -230,6 +230,48 @@ def _ignoring_propagation_scratch(tracker_class: type) -> type:
     return IgnoresPropagationScratch
 
 
+# FSDPMemTracker wraps each FSDPParamGroup.post_backward to file the group's unsharded gradients first,
+# in a loop whose variable then holds the last parameter's unsharded gradient through the whole
+# post-backward: past FSDP2's reduce-scatter copy-in, which frees the others. On two or more shards FSDP2
+# holds that one gradient itself until its reduce returns (a loop variable in foreach_reduce, which the
+# planner counts). On one it does not, so a tracked one-GPU step held, and counted, a gradient an
+# untracked one had freed (the root's last parameter's: lm_head's V x C untied), beside a reduce output
+# as big as the whole unit: the simulation's peak was that much above the step's own. The same wrapper,
+# holding no gradient:
+_POST_BACKWARD = "counting a post-backward without holding a gradient FSDP2 freed"
+
+
+def _holding_no_gradient(tracker_class: type) -> type:
+    """A subclass of FSDPMemTracker whose post-backward wrapper keeps no reference to a gradient."""
+    for name in ("_fsdp_param_group_post_backward", "_update_and_maybe_create_winfos", "get_tracker_snapshot"):
+        _attribute(tracker_class, name, _POST_BACKWARD)
+    module = "torch.distributed._tools.fsdp2_mem_tracker"
+    ref_types, mod_states, states = (_load(module, name, _POST_BACKWARD)
+                                     for name in ("_FSDPRefType", "_FSDPModState", "_FSDPState"))
+
+    class HoldsNoGradient(tracker_class):
+        def _fsdp_param_group_post_backward(self, fsdp_mod: Any, post_backward: Callable) -> Callable:
+            def file_grads(attribute: str, ref_type: Any, **options: Any) -> None:
+                if group := fsdp_mod._get_fsdp_state()._fsdp_param_group:
+                    for fsdp_param in group.fsdp_params:
+                        if (grad := getattr(fsdp_param, attribute).grad) is not None:
+                            self._update_and_maybe_create_winfos(grad, ref_type, **options)
+
+            @functools.wraps(post_backward)
+            def tracked(*args: Any, **kwargs: Any) -> None:
+                file_grads("_unsharded_param", ref_types.UNSHARDED_GRAD, update_existing=True)
+                snapshots = self.memory_tracking[fsdp_mod].snapshots
+                snapshots.setdefault(mod_states.BEF_POST_BW, []).append(self.get_tracker_snapshot())
+                self._fsdp_state = states.POST_BW
+                post_backward(*args, **kwargs)
+                file_grads("sharded_param", ref_types.SHARDED_GRAD)
+                snapshots.setdefault(mod_states.AFT_POST_BW, []).append(self.get_tracker_snapshot())
+
+            return tracked
+
+    return HoldsNoGradient
+
+
 # FSDPMemTracker files an all-gather's output under "All Gather" only while it thinks a parameter group's
 # own pre-forward or pre-backward hook is running. FSDP2 issues an explicit backward prefetch
 # (set_modules_to_backward_prefetch) from FSDPState._pre_backward after the group's pre_backward has
@@ -247,7 +289,7 @@ def _labelling_backward_prefetch(tracker_class: type) -> type:
     states = _load(module, "_FSDPState", _PREFETCH_LABEL)
     all_gather = _attribute(torch.ops.c10d, "_allgather_base_", _PREFETCH_LABEL).default
 
-    class LabelsBackwardPrefetch(_ignoring_propagation_scratch(tracker_class)):
+    class LabelsBackwardPrefetch(_holding_no_gradient(_ignoring_propagation_scratch(tracker_class))):
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             if func is not all_gather or _attribute(self, "_fsdp_state", _PREFETCH_LABEL) is not states.BW:
                 return super().__torch_dispatch__(func, types, args, kwargs)
