@@ -77,6 +77,7 @@ def gradients_alive_after_each_reduce(ctx, tracker: str):
     """One real fp32 FSDP2 step of a 1-block GPT on this rank, under `tracker` ("none", "torch": torch's
     FSDPMemTracker, "ours": the engine's); for each FSDP2 reduce, which of the unsharded gradients it was
     handed are still alive (weakly referenced) once it returns. FSDP2 frees them all in it."""
+    import contextlib
     import weakref
 
     from torch.distributed.fsdp import fully_shard
@@ -99,8 +100,6 @@ def gradients_alive_after_each_reduce(ctx, tracker: str):
     _fsdp_param_group.foreach_reduce = watched
     classes = {"torch": internals.fsdp_mem_tracker_class(),
                "ours": internals.with_category_peaks(internals.fsdp_mem_tracker_class())}
-    import contextlib
-
     tokens = torch.randint(0, 64, (2, 4))
     with classes[tracker](mod=model) if tracker in classes else contextlib.nullcontext():
         model(tokens, tokens).backward()
