@@ -249,6 +249,11 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
     # The all-gathers' flat outputs. A shard group of one GPU gathers nothing: FSDP2 copies each shard
     # straight into its unsharded parameter (FSDPParamGroup.wait_for_unshard, world_size == 1).
     gathered_P, gathered_R = (P, R) if s > 1 else (0, 0)
+    # Under bf16 an all-gather's input is a flat bf16 copy of the unit's shard (foreach_all_gather's
+    # _get_param_all_gather_inputs), made before the output and freed once copied into it; fp32 gathers the
+    # shard itself. (CPU offload's device copy is left out: analytic_leaves_out says so.)
+    cast = step.mixed_precision and not step.cpu_offload and s > 1
+    input_P, input_R = (P // s, R // s) if cast else (0, 0)
     params_sharded = FP32 * sharded
     optimizer = 2 * FP32 * sharded + ADAM_STEP_COUNTER_BYTES * step.num_tensors
     host = 0
@@ -258,12 +263,22 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
     sharded_grad = lambda padded: 0 if step.cpu_offload else FP32 * padded // s  # noqa: E731
     # Gradient accumulation: the micro-batches before the last leave every unsharded gradient, in fp32.
     accumulated = FP32 * step.num_params if step.grad_accum_steps > 1 else 0
+    # Under bf16 the kept ones are FSDP2's fp32 `unsharded_accumulated_grad`s, apart from `.grad`: a micro-batch's
+    # new bf16 gradients wait in `.grad` until their unit's post-backward adds them in (FSDPParam.
+    # accumulate_unsharded_grad_if_needed). In fp32 autograd adds each into the kept `.grad` once it is made.
+    added_at_post_backward = bool(accumulated) and step.mixed_precision
     stats = 2 * t * a  # a LayerNorm's mean and rstd (the compute dtype, as on CPU)
     lse = step.heads * t * FP32  # SDPA's logsumexp
     positions, inputs = step.seq * INT64, inputs_bytes(step.micro_batch, step.seq)
     loss_scalars = loss_scalars_bytes(a)
 
     m = _Ledger(host)
+
+    def all_gather(at: str, gathered: int, bf16_input: int) -> None:
+        m.op(at, all_gather_buffers=gathered + bf16_input)
+        if bf16_input:
+            m.op("its bf16 input freed", all_gather_buffers=-bf16_input)
+
     # --- forward -------------------------------------------------------------------------------------
     m.phase("forward, the root's all-gather")
     m.op("model states", parameters=params_sharded, optimizer_state=optimizer, gradients=accumulated)
@@ -271,10 +286,10 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
     # With accumulation the previous micro-batch's (divided) loss is held until this one's replaces it.
     held_loss = a if accumulated else 0
     m.op("the previous micro-batch's loss", activations=held_loss)
-    m.op("the root's all-gather", all_gather_buffers=gathered_R)
+    all_gather("the root's all-gather", gathered_R, input_R)
     m.op("its copy-out", parameters=R)
     if prefetch:
-        m.op("block 0's prefetched all-gather", all_gather_buffers=gathered_P)
+        all_gather("block 0's prefetched all-gather", gathered_P, input_P)
     m.op("positions", activations=positions)
     m.op("token embeddings", activations=tc)
     m.op("position embeddings", activations=step.seq * c * a)
@@ -283,14 +298,14 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
     for j in range(layers):
         m.phase(f"block {j} forward")
         if not prefetch:
-            m.op("its all-gather", all_gather_buffers=gathered_P)
+            all_gather("its all-gather", gathered_P, input_P)
         m.op("its copy-out", parameters=P)
         if j == 0:
             m.op("the root's all-gather buffer freed", all_gather_buffers=-gathered_R)
         else:
             m.op("the previous all-gather buffer freed", all_gather_buffers=-gathered_P)
         if prefetch and j + 1 < layers:
-            m.op(f"block {j + 1}'s prefetched all-gather", all_gather_buffers=gathered_P)
+            all_gather(f"block {j + 1}'s prefetched all-gather", gathered_P, input_P)
         # Non-reentrant checkpointing saves nothing but the block's input: its forward's tensors live only
         # while Python holds them, and only its output (the next block's input) stays.
         for name, saved in (_checkpointed_block_forward if ac else _block_forward)(tc, stats, lse):
@@ -308,7 +323,7 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
     m.phase("loss backward")
     m.op("the loss's gradient", activations=a, all_gather_buffers=-gathered_P)
     if zero3 and prefetch:
-        m.op(f"block {layers - 1}'s prefetched all-gather", all_gather_buffers=gathered_P)
+        all_gather(f"block {layers - 1}'s prefetched all-gather", gathered_P, input_P)
     grads, root = _block_gradient_bytes(step), _root_gradient_bytes(step)
     # foreach_reduce (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py) copies a unit's unsharded
     # gradients into its reduce-scatter buffer and clears their list, but on more than one shard its loop
@@ -320,25 +335,28 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
     held = (FP32 if accumulated else a) if s > 1 else 0
     last_block_grad = held * math.prod(step.block_shapes[-1])
     last_root_grad = held * math.prod(step.root_shapes[-1])
-    # With accumulation each gradient is added to the kept fp32 one once taken (a tied head's waits
-    # for the embedding's instead); without, they stay until their unit's reduce-scatter.
-    release = _released(grads | root, step, new=bool(accumulated))
+    # With accumulation in fp32 each gradient is added to the kept one once taken (a tied head's waits
+    # for the embedding's instead); otherwise they stay until their unit's post-backward.
+    release = _released(grads | root, step, new=bool(accumulated) and not added_at_post_backward)
     _loss_and_head_backward(m, step, root, tc, stats, release)
     block_grads = sum(grads.values())
     for i in reversed(range(layers)):
         m.phase(f"block {i} backward")
         if zero3:
             if not prefetch:
-                m.op("its all-gather", all_gather_buffers=gathered_P)
+                all_gather("its all-gather", gathered_P, input_P)
             m.op("its copy-out", parameters=P)
             m.op("the all-gather buffer freed", all_gather_buffers=-gathered_P)
             if prefetch and i > 0:
-                m.op(f"block {i - 1}'s prefetched all-gather", all_gather_buffers=gathered_P)
+                all_gather(f"block {i - 1}'s prefetched all-gather", gathered_P, input_P)
         if ac:
             _recompute(m, tc, stats, lse)
         _block_backward(m, grads, tc, stats, lse, ac, release)
-        # post-backward: reshard, free the previous reduce-scatter buffer, copy the gradients (and, with
-        # accumulation, the kept ones) into an fp32 reduce-scatter buffer, free them, keep the shard.
+        # post-backward: (bf16 with accumulation: add the new gradients to the kept ones), reshard, free the
+        # previous reduce-scatter buffer, copy the gradients (with accumulation, the kept ones) into an fp32
+        # reduce-scatter buffer, free them, keep the shard.
+        if added_at_post_backward:
+            m.op("its new gradients added to the kept ones", gradients=-block_grads)
         m.op("resharded", parameters=-P)
         if i < layers - 1:
             m.op("the previous reduce-scatter buffer freed", reduce_scatter_buffers=-FP32 * block_padded)
@@ -348,23 +366,26 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
              gradients=-(kept or block_grads) + last_block_grad + sharded_grad(block_padded))
         m.op("the last gradient freed", gradients=-last_block_grad)
     m.phase("end of backward")
-    _embeddings_backward(m, step, root, tc, wpe_taken=0)  # with accumulation FSDP adds wpe's below
-    wpe_grad, wte_grad = root["wpe"], root["wte"]
+    # With accumulation in fp32 autograd adds wpe's new gradient to the kept one before wte's is made.
+    _embeddings_backward(m, step, root, tc, wpe_taken=release("wpe"))
+    wte_grad = root["wte"]
     if step.tied:
         # A tied weight's two gradients (the head's, held since the loss's backward, and the embedding's)
         # are summed out of place: one vocab x width tensor more for a moment. The sum becomes its
-        # gradient, or with accumulation is added to the kept one and freed with the two.
-        m.op("wpe's gradient added to the kept one", gradients=-wpe_grad if accumulated else 0)
+        # gradient, or with accumulation in fp32 is added to the kept one and freed with the two.
+        added_now = bool(release("wte"))
         m.op("the tied weight's two gradients summed", gradients=wte_grad)
-        m.op("the two freed" + (", and the sum once added" if accumulated else ""),
-             gradients=-(3 if accumulated else 2) * wte_grad)
+        m.op("the two freed" + (", and the sum once added" if added_now else ""),
+             gradients=-(3 if added_now else 2) * wte_grad)
     else:
-        m.op("added to the kept ones", gradients=-(wpe_grad + wte_grad) if accumulated else 0)
+        m.op("wte's gradient taken", gradients=release("wte"))
     m.phase("root reduce-scatter")
+    root_grads = step.root_numel * a
+    if added_at_post_backward:
+        m.op("its new gradients added to the kept ones", gradients=-root_grads)
     m.op("the root resharded", parameters=-R)
     m.op("the last block's reduce-scatter buffer freed", reduce_scatter_buffers=-FP32 * block_padded)
     m.op("the root's reduce-scatter buffer", reduce_scatter_buffers=FP32 * root_padded)
-    root_grads = step.root_numel * a
     m.op("its gradients freed but the last, the shard kept",
          gradients=-(FP32 * step.root_numel if accumulated else root_grads) + last_root_grad + sharded_grad(root_padded))
     m.op("the last gradient freed", gradients=-last_root_grad)
@@ -374,14 +395,16 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
     shards = [fsdp_padded_numel([shape], s) // s for shape in step.shapes_in_step_order(min(layers, 2))]
     m.op("Adam's temporaries", optimizer_state=0 if step.cpu_offload else FP32 * adam_step_temporaries(shards))
     moments = m.result()
-    if step.tied and accumulated and not step.mixed_precision:
+    if step.tied and accumulated:
         # The ledger walks the last micro-batch. Those before it end their backward still holding every
-        # block's gradient (nothing is reduce-scattered before the last) when the tied weight's two new
-        # gradients are summed: the first beside the blocks' own and the root's new ones, a middle one
-        # beside every kept gradient, the tied weight's included.
-        before_last = {"first micro-batch's": layers * block_grads + wpe_grad + root["ln_f"] + 3 * wte_grad}
+        # block's gradient in fp32 (nothing is reduce-scattered before the last; under bf16 each block's
+        # post-backward makes its fp32 copy) when the tied weight's two new gradients are summed: the first
+        # beside the root's new ones, a middle one beside every kept gradient, the tied weight's included
+        # (under bf16 the root's new ones too: they wait for its post-backward).
+        root_new = root["wpe"] + root["ln_f"] + 3 * wte_grad
+        before_last = {"first micro-batch's": layers * FP32 * step.block_numel + root_new}
         if step.grad_accum_steps > 2:
-            before_last["a middle micro-batch's"] = accumulated + 3 * wte_grad
+            before_last["a middle micro-batch's"] = accumulated + (root_new if added_at_post_backward else 3 * wte_grad)
         moments += [
             Moment(f"{which} end of backward (the tied weight's two gradients summed)", gradients=grads_held,
                    parameters=params_sharded + R, optimizer_state=optimizer, activations=inputs + loss_scalars,

@@ -312,13 +312,13 @@ SIMULATED = [
     ("mini", dict(gpus=2, micro_batch=2, seq=64, strategy=Strategy.ZERO2)),
     ("mini", dict(mesh="2x2", micro_batch=2, seq=64)),
     ("mini", dict(gpus=2, micro_batch=2, seq=64, grad_accum_steps=2)),
+    ("mini", dict(gpus=2, micro_batch=2, seq=64, grad_accum_steps=2, mixed_precision=True)),
 ]
-ANALYTIC_BOUND = 0.01  # within 1% of the simulated peak
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("size", "fields"), SIMULATED, ids=[f"{s}-{sorted(f.items())}" for s, f in SIMULATED])
-def test_analytic_peak_against_the_simulation(size, fields, monkeypatch):
+def test_analytic_peak_equals_the_simulation(size, fields, monkeypatch):
     from sharding_lab.engine.simulate import simulate
     from sharding_lab.plan_command import run_config_for
 
@@ -328,7 +328,7 @@ def test_analytic_peak_against_the_simulation(size, fields, monkeypatch):
     request = PlanRequest(ModelShape.named(size), mesh, 80, **fields)
     simulated = simulate(run_config_for(request))
     analytic = analytic_peak(request).total
-    assert abs(analytic / simulated.peak_bytes - 1) <= ANALYTIC_BOUND, (analytic, simulated.peak_breakdown)
+    assert analytic == simulated.peak_bytes, (analytic, simulated.peak_breakdown)
 
 
 # At scale (seq 2048, micro-batch 1): the peak moved from the MLP to attn.c_attn's backward, where a whole
@@ -342,6 +342,7 @@ AT_SCALE = [
     ("70b", dict(gpus=1024)),
     ("70b", dict(gpus=1024, activation_checkpointing=True)),
     ("70b", dict(gpus=1024, strategy=Strategy.ZERO2)),
+    ("7b", dict(gpus=64, grad_accum_steps=4, mixed_precision=True)),  # 1.0% low before bf16's kept copies
 ]
 
 
@@ -372,6 +373,8 @@ TIED = [
     ("gpt2-small", dict(gpus=8, micro_batch=1, seq=128, grad_accum_steps=2)),
     ("gpt2-small", dict(gpus=8, micro_batch=1, seq=128, grad_accum_steps=3)),
     ("7b", dict(gpus=64, micro_batch=1, seq=2048, grad_accum_steps=4)),
+    # Under bf16 the kept gradients are FSDP2's fp32 copies, and a micro-batch's new bf16 ones wait beside them.
+    ("gpt2-small", dict(gpus=8, micro_batch=1, seq=128, grad_accum_steps=2, mixed_precision=True)),
 ]
 
 
@@ -416,18 +419,6 @@ def test_fsdp_optimizer_step_holds_the_simulations_optimizer_peak(size, world_si
     config = RunConfig.of("zero3", world_size=world_size, size=size, batch_size=1, seq_len=2)
     (stepping,) = [m for m in peak_moments(step_shape(request_for_config(config))) if m.name.startswith("optimizer")]
     assert stepping.optimizer_state == simulate(config).category_peaks["optimizer"]
-
-
-@pytest.mark.slow
-def test_a_tied_head_with_accumulation_under_bf16_is_within_the_bound():
-    # bf16 with accumulation is the one regime the analytic model does not follow exactly (leaves_out says so).
-    from sharding_lab.engine.simulate import simulate
-    from sharding_lab.plan_command import run_config_for
-
-    request = PlanRequest(replace(ModelShape.named("gpt2-small"), tied=True), Mesh.of(8), 80, micro_batch=1,
-                          seq=128, grad_accum_steps=2, mixed_precision=True)
-    simulated = simulate(run_config_for(request)).peak_bytes
-    assert abs(analytic_peak(request).total / simulated - 1) <= ANALYTIC_BOUND
 
 
 def test_filing_difference_names_moved_gradients_and_lists_anything_else():
