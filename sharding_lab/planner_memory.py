@@ -263,9 +263,10 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
     sharded_grad = lambda padded: 0 if step.cpu_offload else FP32 * padded // s  # noqa: E731
     # Gradient accumulation: the micro-batches before the last leave every unsharded gradient, in fp32.
     accumulated = FP32 * step.num_params if step.grad_accum_steps > 1 else 0
-    # Under bf16 the kept ones are FSDP2's fp32 `unsharded_accumulated_grad`s, apart from `.grad`: a micro-batch's
-    # new bf16 gradients wait in `.grad` until their unit's post-backward adds them in (FSDPParam.
-    # accumulate_unsharded_grad_if_needed). In fp32 autograd adds each into the kept `.grad` once it is made.
+    # In fp32 they are the parameters' own `.grad`, and autograd adds each new gradient into it once made.
+    # Under bf16 they are FSDP2's `unsharded_accumulated_grad`s, and a micro-batch's new bf16 gradients wait in
+    # `.grad` until their unit's post-backward adds them in (FSDPParam.accumulate_unsharded_grad_if_needed).
+    added_at_once = bool(accumulated) and not step.mixed_precision
     added_at_post_backward = bool(accumulated) and step.mixed_precision
     stats = 2 * t * a  # a LayerNorm's mean and rstd (the compute dtype, as on CPU)
     lse = step.heads * t * FP32  # SDPA's logsumexp
@@ -337,7 +338,7 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
     last_root_grad = held * math.prod(step.root_shapes[-1])
     # With accumulation in fp32 each gradient is added to the kept one once taken (a tied head's waits
     # for the embedding's instead); otherwise they stay until their unit's post-backward.
-    release = _released(grads | root, step, new=bool(accumulated) and not added_at_post_backward)
+    release = _released(grads | root, step, new=added_at_once)
     _loss_and_head_backward(m, step, root, tc, stats, release)
     block_grads = sum(grads.values())
     for i in reversed(range(layers)):
@@ -373,10 +374,9 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
         # A tied weight's two gradients (the head's, held since the loss's backward, and the embedding's)
         # are summed out of place: one vocab x width tensor more for a moment. The sum becomes its
         # gradient, or with accumulation in fp32 is added to the kept one and freed with the two.
-        added_now = bool(release("wte"))
         m.op("the tied weight's two gradients summed", gradients=wte_grad)
-        m.op("the two freed" + (", and the sum once added" if added_now else ""),
-             gradients=-(3 if added_now else 2) * wte_grad)
+        m.op("the two freed" + (", and the sum once added" if added_at_once else ""),
+             gradients=-(3 if added_at_once else 2) * wte_grad)
     else:
         m.op("wte's gradient taken", gradients=release("wte"))
     m.phase("root reduce-scatter")
