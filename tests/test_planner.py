@@ -238,6 +238,21 @@ def test_fits_states_its_headroom():
     assert plan.leaves_out and all(f.holds for _, f in plan.peak.categories)
 
 
+@pytest.mark.parametrize(("fields", "named"), [
+    # One GPU under bf16: FSDP2 casts each parameter's shard before copying it in, which is not counted.
+    (dict(gpus=1, mixed_precision=True), True),
+    (dict(gpus=2, mixed_precision=True), False),  # counted: the all-gather's bf16 input
+    (dict(gpus=1), False),  # fp32 copies the shard itself
+    (dict(gpus=1, mixed_precision=True, strategy=Strategy.DDP), False),  # not FSDP2
+])
+def test_what_a_plan_leaves_out_names_fsdp2s_one_gpu_bf16_copies_only_where_they_happen(fields, named):
+    fields = dict(fields)
+    mesh = Mesh.of(fields.pop("gpus"))
+    request = replace(small(**fields), mesh=mesh)
+    left_out = plan_analytic(request).leaves_out
+    assert any("bf16 copy of each parameter's shard" in note for note in left_out) == named
+
+
 @pytest.mark.parametrize(("headroom", "statement"), [
     # 80 GB x 0.875 = 70.00 GB usable: whole percents read it "at most 88% ... (headroom 12%".
     (0.125, "fits if the peak is at most 87.5% of 80 GB (headroom 12.5%: 70.00 GB usable)"),
