@@ -209,6 +209,10 @@ def test_a_lab_server_killed_with_sigkill_leaves_no_rank_and_the_next_start_remo
         assert len(ranks) == 2 and len(left) == 1
         os.kill(killed, signal.SIGKILL)
         wait_for(lambda: all(process_gone(rank) for rank in ranks), 10, "the killed server's ranks gone")
+        # Its ranks get their parent-death signal when the thread that started them exits, which can be
+        # before the server's last thread has: until then the server cannot be reaped and still counts as
+        # up (a CI run sent the next lab to it in that window). The test is of a server already gone.
+        wait_for(lambda: server.pid is None, 10, "the killed server reaped")
         assert_done(server.run(LAB, 2, timeout_s=240), "a fresh server")
         assert server.pid != killed
         assert left[0] not in pool_folders(tmp_path), "the next pool removed the killed server's folder"
