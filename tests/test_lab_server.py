@@ -15,12 +15,14 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
 from test_lab_runs import devices_command, finished, post_run, process_gone, wait_for
 from test_sharding_launch import shared_semaphores
 
+from sharding_lab.proc_stat import read_stat
 from studyapp.lab_runs import RunStatus, devices, start_worker
 from studyapp.lab_runs import worker as worker_module
 from studyapp.lab_runs.server import LabServer, server_argv
@@ -81,6 +83,26 @@ def test_a_child_that_dies_fails_its_run_clearly_and_an_engine_error_is_a_failed
         died = server.run(LAB, 2, timeout_s=30)
         assert died.status == RunStatus.failed and "the lab server exited with status 3" in died.error
         assert_done(server.run(LAB, 2, timeout_s=30), "a fresh child")
+    finally:
+        server.stop()
+
+
+def test_a_run_sent_while_a_killed_child_is_still_ending_goes_to_a_fresh_child():
+    # Killed outright, a server's main thread can be gone while its last thread is not: it cannot be reaped
+    # yet and reads no more requests (a CI run once sent a lab to one in that window, and it failed). The
+    # fake ends its main thread after one answer and keeps a thread for 3 s.
+    server = LabServer(fake_server("--leader-exits-after", "1"))
+    try:
+        assert_done(server.run(LAB, 2, timeout_s=30), "the first run")
+        ending = server.process
+        wait_for(lambda: read_stat(ending.pid).state == "Z", 10, "its main thread gone")
+        assert ending.poll() is None, "not reapable: another thread still runs"
+        started = time.monotonic()
+        fresh = server.run(LAB, 2, timeout_s=30)
+        assert_done(fresh, "the run after")
+        assert fresh.result["finding"] == f"served by {server.pid}" and server.pid != ending.pid
+        assert ending.returncode == 0, "the old child was waited for, not killed"
+        assert time.monotonic() - started < 10
     finally:
         server.stop()
 
@@ -210,8 +232,8 @@ def test_a_lab_server_killed_with_sigkill_leaves_no_rank_and_the_next_start_remo
         os.kill(killed, signal.SIGKILL)
         wait_for(lambda: all(process_gone(rank) for rank in ranks), 10, "the killed server's ranks gone")
         # Its ranks get their parent-death signal when the thread that started them exits, which can be
-        # before the server's last thread has: until then the server cannot be reaped and still counts as
-        # up (a CI run sent the next lab to it in that window). The test is of a server already gone.
+        # before the server's last thread has. A run in that window is the test before this one's; this
+        # one is of a server already gone.
         wait_for(lambda: server.pid is None, 10, "the killed server reaped")
         assert_done(server.run(LAB, 2, timeout_s=240), "a fresh server")
         assert server.pid != killed

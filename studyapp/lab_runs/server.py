@@ -21,6 +21,7 @@ import threading
 from collections.abc import Sequence
 
 from sharding_lab.labs.registry import LABS  # metadata only: no torch
+from sharding_lab.proc_stat import read_stat  # no torch
 from sharding_lab.run_config import DEVICES  # no torch
 from studyapp.lab_runs.process import STDERR_TAIL_CHARS, Outcome, stop_group
 from studyapp.models import RunStatus
@@ -122,8 +123,13 @@ class LabServer:
 
     def _started(self) -> subprocess.Popen:
         with self._lock:
-            if self.process is not None and self.process.poll() is None:
+            if self.process is not None and _serving(self.process):
                 return self.process
+            if self.process is not None:
+                try:  # on its way out: let it finish, so the new child's start is not a race with its end
+                    self.process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    stop_group(self.process)
             self._answers = queue.Queue()
             self.process = subprocess.Popen(
                 self.argv,
@@ -156,6 +162,17 @@ class LabServer:
         if len(text) > STDERR_TAIL_CHARS:
             text = "…" + text[-STDERR_TAIL_CHARS:]
         return "\nstderr:\n" + text
+
+
+def _serving(process: subprocess.Popen) -> bool:
+    """Whether the child can still answer. One killed outright (the OOM killer, `kill -9`) cannot be reaped
+    until its last thread has ended, yet its main thread may be gone already (a zombie in /proc): it reads
+    no more requests. Its ranks see it die then (their parent-death signal), so a run sent in that window
+    would wait for an answer from a server already dead."""
+    if process.poll() is not None:
+        return False
+    stat = read_stat(process.pid)
+    return stat is None or stat.live  # None: no /proc to ask (not Linux); poll() said it runs
 
 
 def _read_lines(stream, deliver) -> None:

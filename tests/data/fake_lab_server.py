@@ -1,20 +1,25 @@
 """A stand-in for `sharding-lab serve-labs` in the lab-server tests: answers each request line with a
 fake run, or misbehaves on request.
 
-    fake_lab_server.py [--sleep S] [--child] [--die-after N] [--error-for LAB] [--log FILE]
+    fake_lab_server.py [--sleep S] [--child] [--die-after N] [--leader-exits-after N] [--error-for LAB] [--log FILE]
 """
 
 import argparse
+import ctypes
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--sleep", type=float, default=0.0)
 parser.add_argument("--child", action="store_true", help="spawn a long-lived grandchild, like the ranks")
 parser.add_argument("--die-after", type=int, default=-1, help="exit 3 on this request (0-based) without answering")
+parser.add_argument("--leader-exits-after", type=int, default=-1,
+                    help="after answering this many requests, end the main thread while another lives on for 3 s: "
+                         "a process killed outright, its main thread gone, its last thread not yet, so not reapable")
 parser.add_argument("--error-for", default="")
 parser.add_argument("--log")  # appends "start PID" and "child PID" lines
 args = parser.parse_args()
@@ -44,3 +49,6 @@ for index, line in enumerate(sys.stdin):
                              "charts": {}, "measurements": {}, "config": {"world_size": request["world_size"], "device": request.get("device")},
                              "duration_s": args.sleep}}
     print(json.dumps(answer), flush=True)
+    if index + 1 == args.leader_exits_after:
+        threading.Thread(target=time.sleep, args=(3,)).start()
+        ctypes.CDLL(None).pthread_exit(None)
