@@ -18,7 +18,7 @@ parser.add_argument("--sleep", type=float, default=0.0)
 parser.add_argument("--child", action="store_true", help="spawn a long-lived grandchild, like the ranks")
 parser.add_argument("--die-after", type=int, default=-1, help="exit 3 on this request (0-based) without answering")
 parser.add_argument("--leader-exits-after", type=int, default=-1,
-                    help="after answering this many requests, end the main thread while another lives on for 3 s: "
+                    help="after answering this many requests, end the main thread while another lives on for 5 s: "
                          "a process killed outright, its main thread gone, its last thread not yet, so not reapable")
 parser.add_argument("--error-for", default="")
 parser.add_argument("--log")  # appends "start PID" and "child PID" lines
@@ -50,5 +50,5 @@ for index, line in enumerate(sys.stdin):
                              "duration_s": args.sleep}}
     print(json.dumps(answer), flush=True)
     if index + 1 == args.leader_exits_after:
-        threading.Thread(target=time.sleep, args=(3,)).start()
+        threading.Thread(target=time.sleep, args=(5,)).start()
         ctypes.CDLL(None).pthread_exit(None)
