@@ -80,7 +80,7 @@ def _time_modes(ctx, overrides: dict, steps: int) -> dict[str, list[tuple[float,
     def tracked(method: str, memory: bool = False) -> Iterator[None]:
         # Built and removed inside the timed region: the measured step pays for its hooks too.
         with MemoryTracker(model, optimizer, ctx.device) if memory else _nothing():
-            tracker = CommTracker(model, ctx.world_size, method=method)
+            tracker = CommTracker(model, ctx.world_size, method=method, wait_for_gloo=memory)  # as measure does
             with tracker:
                 yield
             tracker.remove_hooks()

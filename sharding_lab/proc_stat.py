@@ -34,6 +34,24 @@ def read_stat(pid: int) -> ProcessStat | None:
     return ProcessStat(pid, state, int(group))
 
 
+def own_threads(name: str) -> list[int]:
+    """The ids of this process's threads named `name` (their /proc comm); none without /proc. Each reads
+    back with `read_stat(tid)`."""
+    tasks = PROC / "self" / "task"
+    try:
+        tids = [entry.name for entry in tasks.iterdir()]
+    except OSError:
+        return []
+    found = []
+    for tid in tids:
+        try:
+            if (tasks / tid / "comm").read_text().strip() == name:
+                found.append(int(tid))
+        except OSError:  # ended while read
+            continue
+    return found
+
+
 def every_process() -> list[ProcessStat]:
     """Every process /proc shows now (one that ends while it is read is left out; none without /proc)."""
     if not PROC.is_dir():

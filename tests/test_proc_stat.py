@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 from live_server import wait_for
 
-from sharding_lab.proc_stat import ProcessStat, every_process, read_stat
+from sharding_lab.proc_stat import ProcessStat, every_process, own_threads, read_stat
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux's /proc")
 
@@ -67,7 +68,28 @@ def test_every_process_includes_this_one_with_its_group():
     assert len(mine) == 1 and mine[0].group == os.getpgrp() and mine[0].state == "R"
 
 
+def test_this_processs_threads_are_found_by_name_as_ps_lists_them_and_each_reads_back():
+    release = threading.Event()
+    waiters = [threading.Thread(target=release.wait) for _ in range(2)]
+    for waiter in waiters:
+        waiter.start()
+    try:
+        for waiter in waiters:  # the name the kernel shows, as torch's C++ threads set theirs
+            Path(f"/proc/self/task/{waiter.native_id}/comm").write_text("lab-test-wait")
+        listed = subprocess.run(["ps", "-L", "-o", "tid=,comm=", "-p", str(os.getpid())],
+                                capture_output=True, text=True).stdout.split("\n")
+        named = sorted(int(line.split()[0]) for line in listed if line.split()[1:] == ["lab-test-wait"])
+        assert sorted(own_threads("lab-test-wait")) == named == sorted(w.native_id for w in waiters)
+        assert own_threads("no-such-thread") == []
+        asleep = wait_for(lambda: all((s := read_stat(w.native_id)) and s.state == "S" for w in waiters), 30, "asleep")
+        assert asleep
+    finally:
+        release.set()
+        for waiter in waiters:
+            waiter.join()
+
+
 def test_without_proc_there_is_no_process_to_read(monkeypatch, tmp_path):
     # As on macOS: no /proc, so nothing can be read, and nothing raises.
     monkeypatch.setattr("sharding_lab.proc_stat.PROC", tmp_path / "no-proc")
-    assert every_process() == [] and read_stat(os.getpid()) is None
+    assert every_process() == [] and read_stat(os.getpid()) is None and own_threads("python") == []

@@ -7,6 +7,9 @@ broadcasts, anyone's all-reduce), in `torch.distributed` and in `distributed_c10
 aliases (`all_gather_into_tensor`, ...) call through its own globals; it puts the originals back on
 exit. DDP's all-reduce comes from its C++ reducer, so the tracker gives a DDP model the default
 all-reduce hook (`allreduce_hook`: the same division and all-reduce, now through `dist.all_reduce`).
+With `wait_for_gloo` (a memory tracker beside it), each wrapper also waits after a blocking gloo collective
+for gloo's worker threads to let go of its tensors (`GlooWorkers`), so the memory tracker sees them freed
+where the program frees them.
 `method="dispatch"` is the reference: a TorchDispatchMode that sees every `c10d` op, collectives
 included, but costs a Python call on every op of the step (1.2-1.5x a `tiny` step). It is used where
 the wrappers cannot see everything (a DDP model that already has a comm hook, or broadcasts buffers).
@@ -36,6 +39,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import CodeType
@@ -51,6 +55,7 @@ from torch.nn.parallel import DistributedDataParallel
 from sharding_lab.analytic import ring_wire_bytes
 from sharding_lab.engine import _torch_internals as internals
 from sharding_lab.measurement import ROOT
+from sharding_lab.proc_stat import own_threads, read_stat
 from sharding_lab.strategies import OPS, PHASES
 
 _FSDPParamGroup = internals.fsdp_param_group_class()
@@ -105,6 +110,40 @@ Method = Literal["wrap", "dispatch"]
 _FRAME_ROLES: dict[CodeType, tuple[bool, bool]] = {}
 
 
+class GlooWorkers:
+    """gloo runs each collective on a worker thread, which wakes the caller first and lets go of the
+    collective's tensors after (its arguments and gloo's own copies, such as a reduce-scatter's): on a
+    loaded machine, a scheduler's time slice later. A buffer the caller has dropped is then freed, and seen
+    freed by the memory tracker, at a moment the scheduler picks: an all-gather buffer still alive beside
+    the next unit's, or a reduce-scatter's copy counted as persistent after the optimizer step (seen with
+    the workers starved of CPU). `wait_until_idle` after a blocking collective waits, up to `timeout_s`,
+    until every worker of this process is asleep, back waiting for work, so a step's memory follows its
+    program order alone. Linux only (it reads /proc); elsewhere it returns at once. NCCL is left alone:
+    its watchdog's hold on a collective's tensors is memory a GPU run really holds."""
+
+    THREAD_NAME = "pt_gloo_runloop"  # as torch names them (2.11 and 2.13)
+
+    def __init__(self, timeout_s: float = 1.0):
+        self.timeout_s = timeout_s
+        self._tids: list[int] | None = None  # found on the first collective: gloo starts them with its group
+
+    def wait_until_idle(self) -> None:
+        if self._tids is None:
+            self._tids = own_threads(self.THREAD_NAME)
+        deadline = None
+        while not all(_asleep(tid) for tid in self._tids):
+            now = time.monotonic()
+            deadline = deadline or now + self.timeout_s
+            if now > deadline:
+                return
+            time.sleep(0.0001)  # off the CPU and the GIL, so the worker can run
+
+
+def _asleep(tid: int) -> bool:
+    stat = read_stat(tid)
+    return stat is None or stat.state in ("S", "D")  # None: gone
+
+
 def _tensor_bytes(obj: Any) -> int:
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
@@ -135,7 +174,8 @@ class CommTracker:
     `method="dispatch"` records through the reference TorchDispatchMode instead of the wrappers.
     """
 
-    def __init__(self, model: nn.Module, world_size: int, method: Method = "wrap", mesh: Any = None):
+    def __init__(self, model: nn.Module, world_size: int, method: Method = "wrap", mesh: Any = None,
+                 wait_for_gloo: bool = False):
         assert method in ("wrap", "dispatch"), method
         self.world_size = world_size
         # Process group -> (its size, the mesh dimension it is): HSDP's collectives run on two groups.
@@ -157,6 +197,9 @@ class CommTracker:
         self._handles = [h for name, module in self._units.items() for h in self._hook(name, module)]
         self._originals: list[tuple[Any, str, Callable]] = []
         self._mode: _DispatchInterceptor | None = None
+        # For a memory tracker beside it: each blocking gloo collective returns once gloo has let go of its
+        # tensors (GlooWorkers). Off, comm tracking costs no wait.
+        self._gloo_workers = GlooWorkers() if wait_for_gloo else None
 
     # -- the training loop's side ---------------------------------------------------------------------
 
@@ -218,12 +261,15 @@ class CommTracker:
         @functools.wraps(original)
         def collective(*args: Any, **kwargs: Any) -> Any:
             out = original(*args, **kwargs)
+            group = kwargs["group"] if "group" in kwargs else signature.bind_partial(*args).arguments.get("group")
+            # `out is None`: it blocked until done (an async_op's tensors are its work's until waited on).
+            if self._gloo_workers is not None and out is None and dist.get_backend(group) == "gloo":
+                self._gloo_workers.wait_until_idle()
             first = args[0] if args else kwargs.get(params[0])
             size = _tensor_bytes(first)
             if gathers_or_scatters:
                 # The full buffer is the larger side (the output of a gather, the input of a scatter).
                 size = max(size, _tensor_bytes(args[1] if len(args) > 1 else kwargs.get(params[1])))
-            group = kwargs["group"] if "group" in kwargs else signature.bind_partial(*args).arguments.get("group")
             self._record(op, size, _first_leaf(first), group)
             return out
 

@@ -414,7 +414,7 @@ def _measure_one(ctx: RankContext, config: RunConfig, index: int, count: int, al
         with memory:
             # Hooks go on after the memory tracker has re-registered FSDP's own (it wraps them), so the
             # timeline's module events sit where they should relative to FSDP's.
-            comm = CommTracker(model, ctx.world_size, mesh=mesh)
+            comm = CommTracker(model, ctx.world_size, mesh=mesh, wait_for_gloo=True)
             with comm:
                 loss = train_step(step, comm, memory)
                 memory.mark_persistent()
