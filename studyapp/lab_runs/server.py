@@ -21,7 +21,7 @@ import threading
 from collections.abc import Sequence
 
 from sharding_lab.labs.registry import LABS  # metadata only: no torch
-from sharding_lab.proc_stat import read_stat  # no torch
+from sharding_lab.proc_stat import alive  # no torch
 from sharding_lab.run_config import DEVICES  # no torch
 from studyapp.lab_runs.process import STDERR_TAIL_CHARS, Outcome, stop_group
 from studyapp.models import RunStatus
@@ -169,10 +169,7 @@ def _serving(process: subprocess.Popen) -> bool:
     until its last thread has ended, yet its main thread may be gone already (a zombie in /proc): it reads
     no more requests. Its ranks see it die then (their parent-death signal), so a run sent in that window
     would wait for an answer from a server already dead."""
-    if process.poll() is not None:
-        return False
-    stat = read_stat(process.pid)
-    return stat is None or stat.live  # None: no /proc to ask (not Linux); poll() said it runs
+    return process.poll() is None and alive(process.pid)
 
 
 def _read_lines(stream, deliver) -> None:
