@@ -65,6 +65,36 @@ def test_one_that_ignores_sigterm_is_killed_with_its_group_after_the_grace(tmp_p
     wait_for(lambda: process_gone(grandchild), 10, "the grandchild killed with the group")
 
 
+# multiprocessing's resource tracker, as a lab's group holds it: it reads a pipe from the lab and, at its
+# end (the lab has exited, however), cleans up what the lab left (unlinks its semaphores), then exits.
+TRACKER = """
+import subprocess, sys, time
+marker = sys.argv[1]
+tracker = subprocess.Popen([sys.executable, "-c",
+    "import sys, time; sys.stdin.read(); time.sleep(0.5); open(sys.argv[1], 'w').write('unlinked')", marker],
+    stdin=subprocess.PIPE)
+print(tracker.pid, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigkill"])
+def test_what_is_left_of_a_group_may_finish_its_clean_up_after_the_leader_exits(tmp_path, how):
+    # A CI run found a killed lab server's semaphores left in /dev/shm: the SIGKILL for its group came the
+    # moment it exited, and took its resource tracker with it, before the tracker had unlinked them.
+    marker = tmp_path / "unlinked"
+    process = subprocess.Popen([sys.executable, "-c", TRACKER, str(marker)], stdout=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    tracker = int(process.stdout.readline())
+    if how == "sigkill":  # killed outright before the stop (the OOM killer): it has exited when stopped
+        os.kill(process.pid, signal.SIGKILL)
+        assert exited(process, 10)
+    stop_group(process, grace_s=10)
+    assert process.wait(5) == (-signal.SIGTERM if how == "sigterm" else -signal.SIGKILL)
+    assert marker.read_text() == "unlinked", "the tracker's clean-up ran"
+    assert process_gone(tracker), "and it left by itself"
+
+
 def test_a_process_that_has_exited_is_not_signalled_and_stays_unreaped_until_waited():
     process = subprocess.Popen([sys.executable, "-c", "raise SystemExit(7)"], start_new_session=True)
     assert exited(process, 30.0)

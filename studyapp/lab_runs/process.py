@@ -140,17 +140,19 @@ def run_json_process(
 def stop_group(process: subprocess.Popen, grace_s: float = TERM_GRACE_S) -> None:
     """Stop the process and everything in its group: SIGTERM first, which the lab CLI answers by
     stopping its ranks and removing its temporary files (a SIGKILL would leave them, and the
-    semaphores its ranks share in /dev/shm); SIGKILL for the whole group after `grace_s`."""
-    if exited(process, 0.0):
-        # Killed outright (SIGKILL, the OOM killer): multiprocessing's resource tracker, in its group, unlinks
-        # the semaphores it left once its ranks are gone. A SIGKILL now would leave them in /dev/shm.
-        _wait_for_group_to_leave(process.pid, grace_s)
-    else:
+    semaphores its ranks share in /dev/shm); SIGKILL for the whole group after `grace_s`. Once the leader
+    has exited, what is left of its group has up to `grace_s` more to leave by itself before that SIGKILL."""
+    if not exited(process, 0.0):
         try:
             process.send_signal(signal.SIGTERM)
         except ProcessLookupError:
             pass
-        exited(process, grace_s)
+    if exited(process, grace_s):
+        # Killed outright (SIGKILL, the OOM killer), it could not clean up: multiprocessing's resource tracker,
+        # in its group, unlinks the semaphores it left once the leader's pipe closes, just after its exit. A
+        # SIGKILL at once would leave them in /dev/shm. (A leader still ending when stopped, its main thread
+        # gone but not its last, exits only after the SIGTERM is sent: the tracker starts then, too.)
+        _wait_for_group_to_leave(process.pid, grace_s)
     _kill_group(process)
 
 
