@@ -379,7 +379,8 @@ def test_a_grade_the_database_refuses_is_a_503_that_changes_nothing_not_an_edit_
         refused = client.post("/study/grade", data={"csrf_token": token, "card_id": shown["card_id"],
                                                      "version": shown["version"], "choice": before.answer, "quality": 4})
     assert refused.status_code == 503
-    assert "could not be read or written (database is locked), so nothing was changed" in text(refused)
+    assert ("could not be read or written (database is locked), so nothing was changed: another writer held the "
+            "database past its busy timeout: try again in a moment") in text(refused)
     assert "changed since it was shown" not in text(refused)
     assert "database is locked" in caplog.text  # and the server's log has it
     assert logs(app) == [] and card(app, before.id).version == before.version

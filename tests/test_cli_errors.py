@@ -32,7 +32,8 @@ def studyapp(*args: str, database_url: str, cwd: Path) -> subprocess.CompletedPr
     (["db", "current"], "bogus://x", "Error: the database URL bogus://x is not one SQLAlchemy can open: "
                                      "Can't load plugin: sqlalchemy.dialects:bogus"),
     (["bank", "sync"], "sqlite:////nonexistent/folder/x.db",
-     "Error: cannot use the database at sqlite:////nonexistent/folder/x.db: unable to open database file"),
+     "Error: cannot use the database at sqlite:////nonexistent/folder/x.db: unable to open database file (the database file "
+     "cannot be opened: check that its folder exists and that the server's user may write there)"),
     (["bank", "sync"], "postgresql://learner:hunter2@127.0.0.1:1/study",
      "Error: cannot use the database at postgresql://learner:***@127.0.0.1:1/study: connection failed"),
     (["db", "upgrade", "nosuchrev"], "sqlite:///{tmp}/x.db", "Error: db: Can't locate revision identified by 'nosuchrev'"),

@@ -11,6 +11,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 
 from studyapp.auth import TokenFileError
+from studyapp.refusals import Refusal, refusal_of
 from studyapp.study import SettingError
 
 
@@ -24,7 +25,9 @@ def explained(error: BaseException, database_url: Callable[[], str]) -> str | No
     if isinstance(error, ArgumentError):  # NoSuchModuleError included: an unknown dialect
         return f"the database URL {database_url()} is not one SQLAlchemy can open: {_first_line(error)}"
     if isinstance(error, OperationalError):  # could not connect, could not open the file, locked, ...
-        return f"cannot use the database at {database_url()}: {_first_line(error.orig or error)}"
+        refusal = refusal_of(error.orig)
+        advice = "" if refusal is Refusal.OTHER else f" ({refusal.value})"
+        return f"cannot use the database at {database_url()}: {_first_line(error.orig or error)}{advice}"
     if isinstance(error, CommandError):
         return f"db: {_first_line(error)}"
     if isinstance(error, (SettingError, TokenFileError)):  # each names its file and what to change

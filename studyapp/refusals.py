@@ -1,0 +1,60 @@
+"""What a user can do when the database refuses a read or write, from the driver's own error code:
+one definition, for the web app's 503 and the command line's one-line error.
+
+"Try again in a moment" fits a database that was busy; a full disk, a read-only file or a server that
+went away need something done first, and the advice says what."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Refusal(Enum):
+    """Why the database refused, as far as its driver says; each with what to do about it."""
+
+    BUSY = "another writer held the database past its busy timeout: try again in a moment"
+    DISK_FULL = "the disk that holds the database is full: free space on it, then try again"
+    READ_ONLY = "the database is read-only (its file, its folder or its disk): make it writable, then try again"
+    DISK_FAILED = "the disk failed a read or write (a full or failing disk): check the disk, then try again"
+    CANNOT_OPEN = ("the database file cannot be opened: check that its folder exists and that the server's user "
+                   "may write there")
+    UNREACHABLE = "the database server could not be reached or went away: check that it is running, then try again"
+    OTHER = "try again in a moment"
+
+
+# SQLite's primary result codes (the name before an extended code's first "_" after SQLITE_).
+_SQLITE = {
+    "SQLITE_BUSY": Refusal.BUSY,
+    "SQLITE_LOCKED": Refusal.BUSY,
+    "SQLITE_FULL": Refusal.DISK_FULL,
+    "SQLITE_READONLY": Refusal.READ_ONLY,
+    "SQLITE_IOERR": Refusal.DISK_FAILED,
+    "SQLITE_CANTOPEN": Refusal.CANNOT_OPEN,
+}
+
+# PostgreSQL's SQLSTATE codes (psycopg's `sqlstate`), by code or by class (the first two characters).
+_POSTGRES = {
+    "53100": Refusal.DISK_FULL,  # disk_full
+    "25006": Refusal.READ_ONLY,  # read_only_sql_transaction: a standby, or default_transaction_read_only
+    "55P03": Refusal.BUSY,  # lock_not_available
+    "40P01": Refusal.BUSY,  # deadlock_detected
+    "57014": Refusal.BUSY,  # query_canceled: a statement or lock timeout
+    "08": Refusal.UNREACHABLE,  # connection exceptions
+    "57P": Refusal.UNREACHABLE,  # admin, crash or immediate shutdown; cannot connect now
+}
+
+
+def refusal_of(driver_error: BaseException | None) -> Refusal:
+    """The refusal a driver's error (SQLAlchemy's `error.orig`) stands for; OTHER when it names none."""
+    sqlite_name = getattr(driver_error, "sqlite_errorname", None)
+    if isinstance(sqlite_name, str):
+        for name in (sqlite_name, "_".join(sqlite_name.split("_")[:2])):  # SQLITE_IOERR_WRITE -> SQLITE_IOERR
+            if name in _SQLITE:
+                return _SQLITE[name]
+        return Refusal.OTHER
+    sqlstate = getattr(driver_error, "sqlstate", None)
+    if isinstance(sqlstate, str):
+        for key in (sqlstate, sqlstate[:3], sqlstate[:2]):
+            if key in _POSTGRES:
+                return _POSTGRES[key]
+    return Refusal.OTHER
