@@ -64,7 +64,8 @@ from studyapp.rate_limit import RateLimiter
 
 TOKEN_FILE = "login_token"
 TOKEN_BYTES = 24  # 192 random bits, as Jupyter's token
-LOGIN_CSS = "login.css"  # the one static file served without a session
+LOGIN_CSS = "login.css"
+PUBLIC_STATIC = frozenset({LOGIN_CSS, "favicon.svg"})  # the login page's own files, served without a session
 _LOGIN_KEY = "login"  # session: the fingerprint of the token this session logged in with
 _SESSION_ID_KEY = "sid"  # session: a random id, the key of the per-session lab-run limit
 
@@ -301,7 +302,7 @@ def check_login():
         return None
     if request.endpoint == "auth.login":
         return None
-    if request.endpoint == "static" and (request.view_args or {}).get("filename") == LOGIN_CSS:
+    if request.endpoint == "static" and (request.view_args or {}).get("filename") in PUBLIC_STATIC:
         return None
     if logged_in():
         return None

@@ -106,6 +106,8 @@ def test_every_route_refuses_without_a_login(app, client):
     assert checked >= 15
     assert client.get("/no/such/page").status_code == 302, "an unknown URL says nothing before a login"
     assert client.get("/static/login.css").status_code == 200, "the login page's own stylesheet is open"
+    assert client.get("/static/favicon.svg").status_code == 200, "and its icon"
+    assert client.get("/static/style.css").status_code == 302, "but no other static file"
     assert client.get("/login").status_code == 200
 
 

@@ -74,6 +74,20 @@ def test_every_page_passes_axe_in_both_themes(page: Page, live_server: str, revi
     assert problems == {}
 
 
+def test_every_page_loads_everything_it_asks_for_its_icon_included(page: Page, live_server: str, reviewed):
+    # Chromium asked for /favicon.ico on every page, a 404 and a console error each time.
+    failed: list[str] = []
+    page.on("response", lambda response: failed.append(f"{response.status} {response.url}")
+            if response.status >= 400 and not response.url.endswith("/no-such-page") else None)
+    with page.expect_response(lambda response: response.url.endswith("/static/favicon.svg"), timeout=10_000) as icon:
+        page.goto(live_server + "/")
+    assert icon.value.status == 200 and icon.value.headers["content-type"].startswith("image/svg+xml")
+    for path in PAGES:
+        page.goto(live_server + path)
+        page.wait_for_load_state("networkidle")
+    assert failed == []
+
+
 def test_every_interactive_element_is_reached_by_tab_with_a_visible_focus_ring(page: Page, live_server: str, reviewed):
     for path in ["/", "/study", "/questions/alpha-shards", "/labs/what-fsdp-shards", "/stats"]:
         page.goto(live_server + path)
