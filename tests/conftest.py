@@ -1,6 +1,6 @@
 """Fixtures: an app with a fresh database per test (SQLite, and PostgreSQL when
 STUDYAPP_TEST_POSTGRES_URL is set), a small bank of its own, a settable clock, the test
-client and CLI runner, a live server, and Playwright driving Debian's Chromium.
+client and CLI runner, a live server, Playwright driving Debian's Chromium, and a small disk to fill.
 
 Hypothesis: under CI=true the "ci" profile derandomizes every property test (the same examples
 on every run); elsewhere the "dev" profile draws one seed per session, printed in the header and
@@ -263,6 +263,33 @@ def client(app):
 @pytest.fixture
 def runner(app):
     return app.test_cli_runner()
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 4 MiB tmpfs of its own (mounting needs root, as CI and the dev machine run)."""
+    mountpoint = tmp_path / "disk"
+    mountpoint.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mountpoint)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"a full disk needs a tmpfs of its own, and mounting one was refused: {mounted.stderr.strip()}")
+    yield mountpoint
+    subprocess.run(["umount", "--lazy", str(mountpoint)], check=True)
+
+
+def fill(folder: Path) -> Path:
+    """Write a file in `folder` until its disk has no block left."""
+    filler = folder / "filler"
+    descriptor = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(descriptor, b"\0" * 4096)
+    except OSError as error:
+        assert error.errno == 28, error  # ENOSPC
+    finally:
+        os.close(descriptor)
+    return filler
 
 
 def csrf_token_of(client) -> str:

@@ -3,47 +3,17 @@ block), a real read-only SQLite database, and for the driver codes PostgreSQL do
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import subprocess
-from pathlib import Path
 
 import psycopg.errors
 import pytest
-from conftest import csrf_token_of
+from conftest import csrf_token_of, fill
 from test_app_study import card, logs, shown_card, submit, text
 
 from studyapp import create_app
 from studyapp.db import get_engine
 from studyapp.refusals import Refusal, refusal_of
 from studyapp.sync import sync_bank
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path):
-    """A 4 MiB tmpfs of its own (mounting needs root, as CI and the dev machine run)."""
-    mountpoint = tmp_path / "disk"
-    mountpoint.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mountpoint)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"a full disk needs a tmpfs of its own, and mounting one was refused: {mounted.stderr.strip()}")
-    yield mountpoint
-    subprocess.run(["umount", "--lazy", str(mountpoint)], check=True)
-
-
-def fill(folder: Path) -> Path:
-    """Write a file in `folder` until its disk has no block left."""
-    filler = folder / "filler"
-    descriptor = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    try:
-        while True:
-            os.write(descriptor, b"\0" * 4096)
-    except OSError as error:
-        assert error.errno == 28, error  # ENOSPC
-    finally:
-        os.close(descriptor)
-    return filler
 
 
 def test_a_grade_on_a_full_disk_says_to_free_space_and_counts_once_space_is_back(app_config, bank_dir, tmp_path, small_disk):

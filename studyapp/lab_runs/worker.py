@@ -33,6 +33,7 @@ from typing import Any
 
 from flask import Flask, current_app
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import OperationalError
 from sqlmodel import Session
 
 from studyapp.db import get_engine
@@ -41,6 +42,7 @@ from studyapp.lab_runs.process import Outcome, default_command, lab_outcome, run
 from studyapp.lab_runs.queue import ACTIVE, claim_next, fail_interrupted, finish, next_queued
 from studyapp.lab_runs.server import LabServer, server_argv
 from studyapp.models import LabRun, RunStatus
+from studyapp.refusals import refusal_of
 
 DEFAULTS: dict[str, Any] = {
     "LAB_TIMEOUT_S": 300.0,  # a lab takes 10-30 s at 2 ranks on a small CPU; 10x that is a hang
@@ -180,8 +182,30 @@ class LabWorker:
             self._process = None
             if self._stop.is_set() and outcome.status == RunStatus.failed:
                 outcome = Outcome(RunStatus.failed, error=SHUTDOWN)
-            finish(self.engine, run.id, outcome)
+            self._store(run.id, outcome)
         return True
+
+    def _store(self, run_id: int, outcome: Outcome) -> None:
+        """Store a finished run's outcome. A database that refuses the write (a full disk, a lock held
+        past its timeout) is asked again every POLL_S until it takes it, so a lab that ran is not lost
+        to a moment without space; meanwhile the run reads `running` and the lock stays held, so no
+        other runner marks it cut off. A stop gives up: the next start marks the run interrupted."""
+        refused_at = None
+        while True:
+            try:
+                finish(self.engine, run_id, outcome)
+            except OperationalError as error:
+                if self._stop.is_set():
+                    raise
+                if refused_at is None:  # said once, not every POLL_S
+                    refused_at = time.monotonic()
+                    self.app.logger.error("lab run %d finished, but its result could not be stored (%s): %s; trying "
+                                          "again every %g s", run_id, error.orig, refusal_of(error.orig).value, POLL_S)
+                self._stop.wait(POLL_S)
+                continue
+            if refused_at is not None:
+                self.app.logger.warning("lab run %d: its result is stored, %.0f s late", run_id, time.monotonic() - refused_at)
+            return
 
     def _run(self, run: LabRun) -> Outcome:
         timeout_s = float(self.app.config["LAB_TIMEOUT_S"])
