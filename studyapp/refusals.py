@@ -52,8 +52,13 @@ def refusal_of(driver_error: BaseException | None) -> Refusal:
             if name in _SQLITE:
                 return _SQLITE[name]
         return Refusal.OTHER
-    sqlstate = getattr(driver_error, "sqlstate", None)
-    if isinstance(sqlstate, str):
+    if hasattr(driver_error, "sqlstate"):  # psycopg
+        sqlstate = driver_error.sqlstate
+        if sqlstate is None:
+            # Every error the server sends has a SQLSTATE: an OperationalError without one is the driver's
+            # own, a connection refused, failed or lost (DB-API's name, so psycopg need not be imported).
+            is_operational = any(cls.__name__ == "OperationalError" for cls in type(driver_error).__mro__)
+            return Refusal.UNREACHABLE if is_operational else Refusal.OTHER
         for key in (sqlstate, sqlstate[:3], sqlstate[:2]):
             if key in _POSTGRES:
                 return _POSTGRES[key]

@@ -35,7 +35,9 @@ def studyapp(*args: str, database_url: str, cwd: Path) -> subprocess.CompletedPr
      "Error: cannot use the database at sqlite:////nonexistent/folder/x.db: unable to open database file (the database file "
      "cannot be opened: check that its folder exists and that the server's user may write there)"),
     (["bank", "sync"], "postgresql://learner:hunter2@127.0.0.1:1/study",
-     "Error: cannot use the database at postgresql://learner:***@127.0.0.1:1/study: connection failed"),
+     "Error: cannot use the database at postgresql://learner:***@127.0.0.1:1/study: connection failed: connection "
+     "to server at \"127.0.0.1\", port 1 failed: Connection refused (the database server could not be reached or "
+     "went away: check that it is running, then try again)"),
     (["db", "upgrade", "nosuchrev"], "sqlite:///{tmp}/x.db", "Error: db: Can't locate revision identified by 'nosuchrev'"),
     (["bank", "import-quiz", str(QUIZ), "--deck", "ok", "--out", "/nonexistent/x.yaml"], "sqlite:///{tmp}/x.db",
      "Error: /nonexistent/x.yaml: there is no folder /nonexistent"),

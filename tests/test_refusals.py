@@ -66,6 +66,18 @@ def test_a_grade_on_a_read_only_database_says_to_make_it_writable(app_config, ba
         get_engine(app).dispose()
 
 
+def test_a_postgresql_server_that_refuses_the_connection_is_named_unreachable_without_its_address(app_config, tmp_path):
+    # A real connection refused (nothing listens on port 1); the schema is left for the first use.
+    app = create_app({**app_config, "DATABASE_URL": "postgresql+psycopg://learner:hunter2@127.0.0.1:1/study"},
+                     instance_path=str(tmp_path / "instance"), upgrade_schema=False)
+    refused = app.test_client().get("/", headers={"Accept": "application/json"})
+    assert refused.status_code == 503
+    assert refused.get_json()["error"] == (
+        "The database could not be read or written, so nothing was changed: the database server could not be "
+        "reached or went away: check that it is running, then try again (the server's log says more).")
+    assert "hunter2" not in refused.get_data(as_text=True)  # nothing opened: nothing to dispose
+
+
 def test_a_locked_sqlite_database_is_busy_and_its_extended_codes_count_as_their_primary_one():
     holder = sqlite3.connect(":memory:")
     try:
@@ -87,6 +99,8 @@ def test_a_locked_sqlite_database_is_busy_and_its_extended_codes_count_as_their_
     (psycopg.errors.CannotConnectNow, Refusal.UNREACHABLE),  # 57P03: still starting
     (psycopg.errors.ConnectionFailure, Refusal.UNREACHABLE),  # 08006
     (psycopg.errors.OutOfMemory, Refusal.OTHER),  # 53200: not the disk
+    (psycopg.OperationalError, Refusal.UNREACHABLE),  # no SQLSTATE: the driver's own, a connection lost
+    (psycopg.errors.UndefinedTable, Refusal.OTHER),  # 42P01
 ])
-def test_postgresql_refusals_are_read_from_their_sqlstate(error, refusal):
+def test_postgresql_refusals_are_read_from_their_sqlstate_or_its_absence(error, refusal):
     assert refusal_of(error()) is refusal
