@@ -6,6 +6,7 @@ went away need something done first, and the advice says what."""
 
 from __future__ import annotations
 
+import sqlite3
 from enum import Enum
 
 
@@ -63,3 +64,16 @@ def refusal_of(driver_error: BaseException | None) -> Refusal:
             if key in _POSTGRES:
                 return _POSTGRES[key]
     return Refusal.OTHER
+
+
+def shown_cause(driver_error: BaseException | None) -> str | None:
+    """The driver's message where anyone may read it: SQLite's names the cause and no path; another
+    driver's may name its host, so only the server's log has it."""
+    return str(driver_error) if isinstance(driver_error, sqlite3.Error) else None
+
+
+def explained_refusal(driver_error: BaseException | None) -> str:
+    """What the database said (where it may be shown) and what to do about it, in one line."""
+    advice = refusal_of(driver_error).value
+    cause = shown_cause(driver_error)
+    return f"{cause}: {advice}" if cause else advice

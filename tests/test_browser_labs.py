@@ -3,9 +3,11 @@ device choice filled in once the lab process has answered."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from playwright.sync_api import Page, expect
-from test_lab_runs import devices_command
+from test_lab_runs import FAKE_LAB, FILL_THEN_FAKE_LAB, devices_command
 
 from studyapp.lab_runs import start_worker
 
@@ -82,3 +84,27 @@ def test_a_device_detection_the_page_cannot_follow_says_so_and_keeps_cpu(page: P
         expect(page.get_by_role("button", name="Run this lab")).to_be_enabled()
     finally:
         gate.touch()  # the fake detection answers and ends, rather than wait out its 60 s
+
+
+class TestAFullDisk:
+    """The database on a 4 MiB tmpfs that the lab fills before it answers."""
+
+    @pytest.fixture
+    def database_url(self, small_disk) -> str:
+        return f"sqlite:///{small_disk / 'test.sqlite3'}"
+
+    @pytest.fixture
+    def app_config(self, app_config: dict, small_disk) -> dict:
+        return {**app_config, "LAB_COMMAND": [sys.executable, "-c", FILL_THEN_FAKE_LAB, str(small_disk), str(FAKE_LAB)]}
+
+    def test_a_result_waiting_for_space_says_so_and_shows_once_stored(self, page: Page, live_server: str, worker,
+                                                                       small_disk):
+        page.goto(live_server + "/labs/adam-optimizer-state")
+        page.get_by_role("button", name="Run this lab").click()
+        expect(page.locator("#run-status")).to_have_text(
+            "Run #1 finished, but the database has not taken its result yet (database or disk is full: the disk "
+            "that holds the database is full: free space on it, then try again); it is stored as soon as it does.",
+            timeout=30_000)
+        (small_disk / "filler").unlink()
+        expect(page.locator("#run-status")).to_contain_text("Run #1 done in", timeout=20_000)
+        expect(page.locator(".finding")).to_contain_text("fake finding for adam-optimizer-state at 2 ranks")

@@ -318,14 +318,17 @@ def test_a_result_a_full_disk_refuses_is_stored_once_space_is_back(app_config, t
         wait_for(lambda: "could not be stored" in caplog.text, 30, "the refused write")
         assert f"lab run {run_id} finished, but its result could not be stored (database or disk is full)" in caplog.text
         time.sleep(2 * lab_runs.worker.POLL_S)  # asked again, and refused again
-        assert status(client, run_id)["status"] == "running" and worker.alive
+        waiting = status(client, run_id)
+        assert waiting["status"] == "running" and worker.alive and waiting["result"] is None
+        assert waiting["unstored"] == ("database or disk is full: the disk that holds the database is full: free "
+                                       "space on it, then try again")
         (small_disk / "filler").unlink()
         body = finished(client, run_id, timeout_s=20)
     finally:
         worker.stop()
         get_engine(app).dispose()
     assert body["status"] == "done" and body["result"]["finding"] == f"fake finding for {LAB} at 2 ranks"
-    assert "its result is stored" in caplog.text
+    assert "unstored" not in body and "its result is stored" in caplog.text
 
 
 # --- the pages -------------------------------------------------------------------------------

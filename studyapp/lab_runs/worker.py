@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from flask import Flask, current_app
@@ -42,7 +43,7 @@ from studyapp.lab_runs.process import Outcome, default_command, lab_outcome, run
 from studyapp.lab_runs.queue import ACTIVE, claim_next, fail_interrupted, finish, next_queued
 from studyapp.lab_runs.server import LabServer, server_argv
 from studyapp.models import LabRun, RunStatus
-from studyapp.refusals import refusal_of
+from studyapp.refusals import explained_refusal, refusal_of
 
 DEFAULTS: dict[str, Any] = {
     "LAB_TIMEOUT_S": 300.0,  # a lab takes 10-30 s at 2 ranks on a small CPU; 10x that is a hang
@@ -105,6 +106,14 @@ def execute(engine: Engine, run: LabRun, command: Sequence[str], timeout_s: floa
     return outcome
 
 
+@dataclass(frozen=True)
+class Unstored:
+    """A finished run whose result the database has refused so far (the worker asks again)."""
+
+    run_id: int
+    reason: str  # what the database said (where it may be shown) and what to do about it
+
+
 class LabWorker:
     """Runs queued lab runs, oldest first, one at a time: in its own thread (`start`), or in the
     caller's (`run_until_over`, as `studyapp labs run-all` does)."""
@@ -117,6 +126,7 @@ class LabWorker:
         self._process: subprocess.Popen | None = None
         self._thread: threading.Thread | None = None
         self.lab_server: LabServer | None = None  # started by the first run without LAB_COMMAND
+        self.unstored: Unstored | None = None  # while a finished run's result waits for the database
 
     @property
     def alive(self) -> bool:
@@ -191,21 +201,27 @@ class LabWorker:
         to a moment without space; meanwhile the run reads `running` and the lock stays held, so no
         other runner marks it cut off. A stop gives up: the next start marks the run interrupted."""
         refused_at = None
-        while True:
-            try:
-                finish(self.engine, run_id, outcome)
-            except OperationalError as error:
-                if self._stop.is_set():
-                    raise
-                if refused_at is None:  # said once, not every POLL_S
-                    refused_at = time.monotonic()
-                    self.app.logger.error("lab run %d finished, but its result could not be stored (%s): %s; trying "
-                                          "again every %g s", run_id, error.orig, refusal_of(error.orig).value, POLL_S)
-                self._stop.wait(POLL_S)
-                continue
-            if refused_at is not None:
-                self.app.logger.warning("lab run %d: its result is stored, %.0f s late", run_id, time.monotonic() - refused_at)
-            return
+        try:
+            while True:
+                try:
+                    finish(self.engine, run_id, outcome)
+                except OperationalError as error:
+                    if self._stop.is_set():
+                        raise
+                    if refused_at is None:  # said once, not every POLL_S
+                        refused_at = time.monotonic()
+                        self.unstored = Unstored(run_id, explained_refusal(error.orig))
+                        self.app.logger.error("lab run %d finished, but its result could not be stored (%s): %s; "
+                                              "trying again every %g s", run_id, error.orig,
+                                              refusal_of(error.orig).value, POLL_S)
+                    self._stop.wait(POLL_S)
+                    continue
+                if refused_at is not None:
+                    self.app.logger.warning("lab run %d: its result is stored, %.0f s late", run_id,
+                                            time.monotonic() - refused_at)
+                return
+        finally:
+            self.unstored = None
 
     def _run(self, run: LabRun) -> Outcome:
         timeout_s = float(self.app.config["LAB_TIMEOUT_S"])

@@ -22,14 +22,12 @@ Every POST needs the CSRF token (studyapp.csrf). Client errors render error.html
 
 from __future__ import annotations
 
-import sqlite3
-
 from flask import Flask, current_app, jsonify, render_template
 from sqlalchemy.exc import OperationalError
 from werkzeug.exceptions import HTTPException, ServiceUnavailable
 
 from studyapp.auth import TokenFileError, wants_json
-from studyapp.refusals import refusal_of
+from studyapp.refusals import refusal_of, shown_cause
 from studyapp.views import decks, exports, home, labs, plan, stats, study
 
 BLUEPRINTS = (home.bp, study.bp, decks.bp, labs.bp, plan.bp, stats.bp, exports.bp)
@@ -58,11 +56,11 @@ def render_damaged_token_file(error: TokenFileError):
 
 def render_database_refused(error: OperationalError):
     """The database refused a read or write (full, read-only, locked past its busy timeout, its server
-    gone): a 503 that says nothing was changed, not a bare 500, and the error in the log. SQLite's
-    message names the cause and no path; another driver's may name its host, so only the log has it. What
-    to do comes from the driver's error code (studyapp.refusals): a full disk needs space, not a retry."""
+    gone): a 503 that says nothing was changed, not a bare 500, and the error in the log. The page has
+    SQLite's message (no other driver's: studyapp.refusals.shown_cause) and what to do, from the driver's
+    error code (studyapp.refusals): a full disk needs space, not a retry."""
     current_app.logger.error("the database refused a request: %s", error)
-    cause = f" ({error.orig})" if isinstance(error.orig, sqlite3.Error) else ""
+    cause = f" ({shown})" if (shown := shown_cause(error.orig)) else ""
     return render_http_error(ServiceUnavailable(
         description=f"The database could not be read or written{cause}, so nothing was changed: "
                     f"{refusal_of(error.orig).value} (the server's log says more)."))

@@ -28,7 +28,7 @@ from sharding_lab.run_config import DEVICES
 from studyapp.auth import limit_lab_runs
 from studyapp.csrf import FORM_FIELD
 from studyapp.db import get_engine, get_session
-from studyapp.lab_runs import RunStatus, enqueue, notify_queued, world_sizes
+from studyapp.lab_runs import RunStatus, app_worker, enqueue, notify_queued, world_sizes
 from studyapp.lab_runs.devices import detection
 from studyapp.lab_runs.findings import LabFinding, ShownResult, lab_findings
 from studyapp.lab_runs.queue import ACTIVE, active_runs, aware, expected_seconds, queue_position, utcnow
@@ -200,7 +200,12 @@ def run_status(run_id: str):
     run = find_run(session, run_id)
     if run is None:
         abort(404, description=f"There is no lab run {run_id}.")
-    return jsonify(run_json(session, run))
+    body = run_json(session, run)
+    worker = app_worker(current_app)
+    unstored = worker.unstored if worker is not None else None
+    if unstored is not None and unstored.run_id == run.id and run.status in ACTIVE:
+        body["unstored"] = unstored.reason  # finished; the database has not taken its result yet
+    return jsonify(body)
 
 
 def find_run(session: Session, run_id: str) -> LabRun | None:
