@@ -1,5 +1,6 @@
 """What a user can do when the database refuses a read or write, from the driver's own error code:
-one definition, for the web app's 503 and the command line's one-line error.
+one definition, for the web app's 503, a lab result waiting to be stored and the command line's
+one-line error.
 
 "Try again in a moment" fits a database that was busy; a full disk, a read-only file or a server that
 went away need something done first, and the advice says what."""
@@ -17,8 +18,8 @@ class Refusal(Enum):
     DISK_FULL = "the disk that holds the database is full: free space on it, then try again"
     READ_ONLY = "the database is read-only (its file, its folder or its disk): make it writable, then try again"
     DISK_FAILED = "the disk failed a read or write (a full or failing disk): check the disk, then try again"
-    CANNOT_OPEN = ("the database file cannot be opened: check that its folder exists and that the server's user "
-                   "may write there")
+    CANNOT_OPEN = ("the database file cannot be opened: check that its folder exists and that the user running "
+                   "the app may write there")
     UNREACHABLE = "the database server could not be reached or went away: check that it is running, then try again"
     OTHER = "try again in a moment"
 

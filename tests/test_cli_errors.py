@@ -33,7 +33,7 @@ def studyapp(*args: str, database_url: str, cwd: Path) -> subprocess.CompletedPr
                                      "Can't load plugin: sqlalchemy.dialects:bogus"),
     (["bank", "sync"], "sqlite:////nonexistent/folder/x.db",
      "Error: cannot use the database at sqlite:////nonexistent/folder/x.db: unable to open database file (the database file "
-     "cannot be opened: check that its folder exists and that the server's user may write there)"),
+     "cannot be opened: check that its folder exists and that the user running the app may write there)"),
     (["bank", "sync"], "postgresql://learner:hunter2@127.0.0.1:1/study",
      "Error: cannot use the database at postgresql://learner:***@127.0.0.1:1/study: connection failed: connection "
      "to server at \"127.0.0.1\", port 1 failed: Connection refused (the database server could not be reached or "

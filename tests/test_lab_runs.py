@@ -307,6 +307,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 @launches
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # the test's own database, on the small disk
 def test_a_result_a_full_disk_refuses_is_stored_once_space_is_back(app_config, tmp_path, bank_dir, small_disk, caplog):
     app = create_app({**app_config, "DATABASE_URL": f"sqlite:///{small_disk / 'study.sqlite3'}",
                       "LAB_COMMAND": [sys.executable, "-c", FILL_THEN_FAKE_LAB, str(small_disk), str(FAKE_LAB)]},

@@ -16,6 +16,12 @@ from studyapp.refusals import Refusal, refusal_of
 from studyapp.sync import sync_bank
 
 
+@pytest.fixture
+def database_url(tmp_path) -> str:
+    """SQLite only: each test here names the database it needs (a full disk, a read-only file, no server)."""
+    return f"sqlite:///{tmp_path / 'test.sqlite3'}"
+
+
 def test_a_grade_on_a_full_disk_says_to_free_space_and_counts_once_space_is_back(app_config, bank_dir, tmp_path, small_disk):
     app = create_app({**app_config, "DATABASE_URL": f"sqlite:///{small_disk / 'study.sqlite3'}"},
                      instance_path=str(tmp_path / "full-disk-instance"))
