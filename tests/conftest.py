@@ -8,6 +8,7 @@ after a failure (rerun with `--hypothesis-seed=N`)."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import random
 import re
@@ -290,6 +291,15 @@ def fill(folder: Path) -> Path:
     finally:
         os.close(descriptor)
     return filler
+
+
+# A command's prefix: fill the disk of the folder named first (with `fill` itself), then run the script
+# named second with the rest of the arguments (a fake lab or plan CLI), so its result meets a full disk.
+FILL_THEN_RUN = "import os, runpy, sys\nfrom pathlib import Path\n" + inspect.getsource(fill) + """
+fill(Path(sys.argv.pop(1)))
+sys.argv[0] = sys.argv.pop(1)
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
 
 
 def csrf_token_of(client) -> str:

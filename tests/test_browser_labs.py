@@ -6,8 +6,9 @@ from __future__ import annotations
 import sys
 
 import pytest
+from conftest import FILL_THEN_RUN
 from playwright.sync_api import Page, expect
-from test_lab_runs import FAKE_LAB, FILL_THEN_FAKE_LAB, devices_command
+from test_lab_runs import FAKE_LAB, devices_command
 
 from studyapp.lab_runs import start_worker
 
@@ -95,7 +96,7 @@ class TestAFullDisk:
 
     @pytest.fixture
     def app_config(self, app_config: dict, small_disk) -> dict:
-        return {**app_config, "LAB_COMMAND": [sys.executable, "-c", FILL_THEN_FAKE_LAB, str(small_disk), str(FAKE_LAB)]}
+        return {**app_config, "LAB_COMMAND": [sys.executable, "-c", FILL_THEN_RUN, str(small_disk), str(FAKE_LAB)]}
 
     def test_a_result_waiting_for_space_says_so_and_shows_once_stored(self, page: Page, live_server: str, worker,
                                                                        small_disk):

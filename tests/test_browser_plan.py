@@ -10,6 +10,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from conftest import FILL_THEN_RUN
 from playwright.sync_api import Page, expect
 from test_app_plan import FAKE_CLI
 from test_browser_a11y import audit
@@ -134,3 +135,27 @@ def test_every_control_is_reached_by_tab_with_a_focus_ring_and_dark_mode_passes_
             no_ring.append(html)
     assert [html for html in wanted if html not in reached] == []
     assert no_ring == []
+
+
+class TestAFullDisk:
+    """The database on a 4 MiB tmpfs that the simulation fills before it answers."""
+
+    @pytest.fixture
+    def database_url(self, small_disk) -> str:
+        return f"sqlite:///{small_disk / 'test.sqlite3'}"
+
+    @pytest.fixture
+    def app_config(self, app_config: dict, small_disk) -> dict:
+        fake_cli = app_config["PLAN_SIMULATION_COMMAND"][1]
+        return {**app_config, "PLAN_SIMULATION_COMMAND": [sys.executable, "-c", FILL_THEN_RUN, str(small_disk), fake_cli]}
+
+    def test_a_simulation_waiting_for_space_says_so_and_shows_once_stored(self, page: Page, live_server: str, worker,
+                                                                          small_disk):
+        page.goto(live_server + "/plan?size=gpt2-small&gpus=8&micro_batch=2&seq=512&strategy=zero3")
+        page.get_by_role("button", name="Simulate (exact, FSDP2)").click()
+        expect(page.locator("#simulation-status")).to_have_text(
+            "Simulation #1 finished, but the database has not taken its result yet (database or disk is full: the "
+            "disk that holds the database is full: free space on it, then try again); it is stored as soon as it does.",
+            timeout=30_000)
+        (small_disk / "filler").unlink()
+        expect(page.locator("#simulated-zero3-total")).to_contain_text("1.02 kB", timeout=20_000)

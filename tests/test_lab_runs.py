@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from conftest import csrf_token_of
+from conftest import FILL_THEN_RUN, csrf_token_of
 from live_server import wait_for
 from sqlmodel import Session, select
 from test_sharding_launch import shared_semaphores
@@ -290,27 +290,11 @@ def test_a_running_row_is_left_alone_while_its_runner_holds_the_lock(app, csrf_t
     worker.stop()
 
 
-# Fills the disk of the folder named first, then is the fake lab: the run's result meets a full disk.
-FILL_THEN_FAKE_LAB = """
-import os, runpy, sys
-folder = sys.argv.pop(1)
-descriptor = os.open(os.path.join(folder, "filler"), os.O_WRONLY | os.O_CREAT)
-try:
-    while True:
-        os.write(descriptor, bytes(4096))
-except OSError:
-    pass
-os.close(descriptor)
-sys.argv[0] = sys.argv.pop(1)
-runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-
 @launches
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # the test's own database, on the small disk
 def test_a_result_a_full_disk_refuses_is_stored_once_space_is_back(app_config, tmp_path, bank_dir, small_disk, caplog):
     app = create_app({**app_config, "DATABASE_URL": f"sqlite:///{small_disk / 'study.sqlite3'}",
-                      "LAB_COMMAND": [sys.executable, "-c", FILL_THEN_FAKE_LAB, str(small_disk), str(FAKE_LAB)]},
+                      "LAB_COMMAND": [sys.executable, "-c", FILL_THEN_RUN, str(small_disk), str(FAKE_LAB)]},
                      instance_path=str(tmp_path / "full-disk-instance"))
     client = app.test_client()
     run_id = post_run(client, csrf_token_of(client), world_size=2).get_json()["run_id"]
@@ -330,6 +314,31 @@ def test_a_result_a_full_disk_refuses_is_stored_once_space_is_back(app_config, t
         get_engine(app).dispose()
     assert body["status"] == "done" and body["result"]["finding"] == f"fake finding for {LAB} at 2 ranks"
     assert "unstored" not in body and "its result is stored" in caplog.text
+
+
+@launches
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # the test's own database, on the small disk
+def test_a_stop_while_a_result_waits_for_space_says_so_and_the_next_start_marks_it_interrupted(
+        app_config, tmp_path, small_disk, caplog):
+    app = create_app({**app_config, "DATABASE_URL": f"sqlite:///{small_disk / 'study.sqlite3'}",
+                      "LAB_COMMAND": [sys.executable, "-c", FILL_THEN_RUN, str(small_disk), str(FAKE_LAB)]},
+                     instance_path=str(tmp_path / "full-disk-instance"))
+    client = app.test_client()
+    run_id = post_run(client, csrf_token_of(client), world_size=2).get_json()["run_id"]
+    worker = start_worker(app)
+    try:
+        wait_for(lambda: "could not be stored" in caplog.text, 30, "the refused write")
+        worker.stop()
+        assert not worker.alive and "lab worker: run failed" not in caplog.text
+        assert f"lab run {run_id}: stopped before the database took its result (database or disk is full)" in caplog.text
+        assert status(client, run_id)["status"] == "running"
+        (small_disk / "filler").unlink()
+        restarted = start_worker(app)
+        body = finished(client, run_id, timeout_s=20)
+        restarted.stop()
+    finally:
+        get_engine(app).dispose()
+    assert body["status"] == "failed" and body["error"] == INTERRUPTED
 
 
 # --- the pages -------------------------------------------------------------------------------

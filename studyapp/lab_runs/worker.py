@@ -207,7 +207,9 @@ class LabWorker:
                     finish(self.engine, run_id, outcome)
                 except OperationalError as error:
                     if self._stop.is_set():
-                        raise
+                        self.app.logger.warning("lab run %d: stopped before the database took its result (%s); the "
+                                                "next start marks it interrupted", run_id, error.orig)
+                        return
                     if refused_at is None:  # said once, not every POLL_S
                         refused_at = time.monotonic()
                         self.unstored = Unstored(run_id, explained_refusal(error.orig))

@@ -18,6 +18,10 @@
       const ahead = run.queue_position || 0;
       return "Simulation #" + run.run_id + " is queued" + (ahead ? " (" + ahead + " ahead)" : "") + "…";
     }
+    if (run.status === "running" && run.unstored) {
+      return "Simulation #" + run.run_id + " finished, but the database has not taken its result yet (" +
+        run.unstored + "); it is stored as soon as it does.";
+    }
     if (run.status === "running") {
       const about = run.expected_s ? " of about " + Math.round(run.expected_s) + " s" : "";
       return "Simulation #" + run.run_id + " is running… " + Math.round(run.elapsed_s || 0) + " s" + about;

@@ -200,12 +200,7 @@ def run_status(run_id: str):
     run = find_run(session, run_id)
     if run is None:
         abort(404, description=f"There is no lab run {run_id}.")
-    body = run_json(session, run)
-    worker = app_worker(current_app)
-    unstored = worker.unstored if worker is not None else None
-    if unstored is not None and unstored.run_id == run.id and run.status in ACTIVE:
-        body["unstored"] = unstored.reason  # finished; the database has not taken its result yet
-    return jsonify(body)
+    return jsonify(run_json(session, run))
 
 
 def find_run(session: Session, run_id: str) -> LabRun | None:
@@ -217,7 +212,8 @@ def find_run(session: Session, run_id: str) -> LabRun | None:
 
 
 def run_json(session: Session, run: LabRun) -> dict[str, Any]:
-    """The JSON API's view of a run: status and, once over, the lab's JSON or {"error": ...}."""
+    """The JSON API's view of a run (a lab's or a plan simulation's): status and, once over, the lab's JSON
+    or {"error": ...}; `unstored` while this process's worker waits for the database to take its result."""
     started, finished = aware(run.started_at), aware(run.finished_at)
     body: dict[str, Any] = {
         "run_id": run.id,
@@ -232,6 +228,9 @@ def run_json(session: Session, run: LabRun) -> dict[str, Any]:
     }
     if run.status in ACTIVE:
         body["expected_s"] = expected_seconds(session, run)
+        worker = app_worker(current_app)
+        if worker is not None and worker.unstored is not None and worker.unstored.run_id == run.id:
+            body["unstored"] = worker.unstored.reason  # finished; the database has not taken its result yet
     if run.status == RunStatus.queued:
         body["queue_position"] = queue_position(session, run)
     elif run.status == RunStatus.done:
