@@ -293,13 +293,28 @@ def fill(folder: Path) -> Path:
     return filler
 
 
-# A command's prefix: fill the disk of the folder named first (with `fill` itself), then run the script
-# named second with the rest of the arguments (a fake lab or plan CLI), so its result meets a full disk.
-FILL_THEN_RUN = "import os, runpy, sys\nfrom pathlib import Path\n" + inspect.getsource(fill) + """
+# Fills the disk of the folder named first (with `fill` itself), then runs the script named second with
+# the rest of the arguments: see `filling_first`.
+_FILL_THEN_RUN = "import os, runpy, sys\nfrom pathlib import Path\n" + inspect.getsource(fill) + """
 fill(Path(sys.argv.pop(1)))
 sys.argv[0] = sys.argv.pop(1)
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
+
+
+def filling_first(command: list[str], disk: Path) -> list[str]:
+    """`command` (python SCRIPT ARGS..., a fake lab or plan CLI) made to fill `disk` before the script runs,
+    so the result it prints meets a full disk."""
+    python, script, *args = command
+    return [python, "-c", _FILL_THEN_RUN, str(disk), script, *args]
+
+
+class DatabaseOnSmallDisk:
+    """Base of a test class whose app keeps its SQLite database on `small_disk`."""
+
+    @pytest.fixture
+    def database_url(self, small_disk: Path) -> str:
+        return f"sqlite:///{small_disk / 'test.sqlite3'}"
 
 
 def csrf_token_of(client) -> str:

@@ -14,14 +14,13 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import pytest
-from conftest import FILL_THEN_RUN, csrf_token_of
+from conftest import DatabaseOnSmallDisk, csrf_token_of, filling_first
 from live_server import wait_for
 from sqlmodel import Session, select
 
 from sharding_lab.planner import Category, Mesh, ModelShape, PlanRequest, plan_analytic
 from sharding_lab.strategies import STRATEGIES, Strategy
 from sharding_lab.units import human_bytes
-from studyapp import create_app
 from studyapp.db import get_engine
 from studyapp.lab_runs import LabWorker, RunStatus, latest_done, start_worker
 from studyapp.lab_runs.plan_runs import plan_argv, simulation_params
@@ -339,27 +338,28 @@ def test_simulate_queues_a_job_the_worker_runs_and_the_page_shows_it_beside_the_
         assert PLAN_SIMULATION not in latest_done(session)
 
 
-@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # the test's own database, on the small disk
-def test_a_simulation_whose_result_waits_for_disk_space_says_so_and_is_stored_once_space_is_back(
-        app_config, tmp_path, small_disk, fake_cli):
-    app = create_app({**app_config, "DATABASE_URL": f"sqlite:///{small_disk / 'study.sqlite3'}",
-                      "PLAN_SIMULATION_COMMAND": [sys.executable, "-c", FILL_THEN_RUN, str(small_disk), str(fake_cli)]},
-                     instance_path=str(tmp_path / "full-disk-instance"))
-    client = app.test_client()
-    url = client.post("/plan/simulations", json=GPT2,
-                      headers={"X-CSRF-Token": csrf_token_of(client), "Accept": "application/json"}).get_json()["url"]
-    worker = start_worker(app)
-    try:
-        waiting = wait_for(lambda: (body := client.get(url).get_json()).get("unstored") and body, 30, "the refusal")
-        assert waiting["status"] == "running" and waiting["result"] is None
-        assert waiting["unstored"] == ("database or disk is full: the disk that holds the database is full: free "
-                                       "space on it, then try again")
-        (small_disk / "filler").unlink()
-        done = wait_for(lambda: (body := client.get(url).get_json())["status"] == "done" and body, 20, "the result")
-    finally:
-        worker.stop()
-        get_engine(app).dispose()
-    assert "unstored" not in done and done["result"]["simulations"]["zero3"]["holds"] == "the fake simulator"
+class TestAFullDisk(DatabaseOnSmallDisk):
+    """The simulation (a fake) fills the database's disk before it answers."""
+
+    @pytest.fixture
+    def app_config(self, app_config: dict, small_disk) -> dict:
+        return {**app_config, "PLAN_SIMULATION_COMMAND": filling_first(app_config["PLAN_SIMULATION_COMMAND"], small_disk)}
+
+    def test_a_result_waiting_for_space_says_so_and_is_stored_once_space_is_back(self, app, client, small_disk,
+                                                                                  fake_cli):
+        url = client.post("/plan/simulations", json=GPT2,
+                          headers={"X-CSRF-Token": csrf_token_of(client), "Accept": "application/json"}).get_json()["url"]
+        worker = start_worker(app)
+        try:
+            waiting = wait_for(lambda: (body := client.get(url).get_json()).get("unstored") and body, 30, "the refusal")
+            assert waiting["status"] == "running" and waiting["result"] is None
+            assert waiting["unstored"] == ("database or disk is full: the disk that holds the database is full: free "
+                                           "space on it, then try again")
+            (small_disk / "filler").unlink()
+            done = wait_for(lambda: (body := client.get(url).get_json())["status"] == "done" and body, 20, "the result")
+        finally:
+            worker.stop()
+        assert "unstored" not in done and done["result"]["simulations"]["zero3"]["holds"] == "the fake simulator"
 
 
 def test_a_form_post_without_js_queues_and_comes_back_to_the_same_question(app, client, fake_cli):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from conftest import FILL_THEN_RUN
+from conftest import DatabaseOnSmallDisk, filling_first
 from playwright.sync_api import Page, expect
 from test_lab_runs import FAKE_LAB, devices_command
 
@@ -87,16 +87,12 @@ def test_a_device_detection_the_page_cannot_follow_says_so_and_keeps_cpu(page: P
         gate.touch()  # the fake detection answers and ends, rather than wait out its 60 s
 
 
-class TestAFullDisk:
-    """The database on a 4 MiB tmpfs that the lab fills before it answers."""
-
-    @pytest.fixture
-    def database_url(self, small_disk) -> str:
-        return f"sqlite:///{small_disk / 'test.sqlite3'}"
+class TestAFullDisk(DatabaseOnSmallDisk):
+    """The lab (a fake) fills the database's 4 MiB tmpfs before it answers."""
 
     @pytest.fixture
     def app_config(self, app_config: dict, small_disk) -> dict:
-        return {**app_config, "LAB_COMMAND": [sys.executable, "-c", FILL_THEN_RUN, str(small_disk), str(FAKE_LAB)]}
+        return {**app_config, "LAB_COMMAND": filling_first([sys.executable, str(FAKE_LAB)], small_disk)}
 
     def test_a_result_waiting_for_space_says_so_and_shows_once_stored(self, page: Page, live_server: str, worker,
                                                                        small_disk):

@@ -10,7 +10,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from conftest import FILL_THEN_RUN
+from conftest import DatabaseOnSmallDisk, filling_first
 from playwright.sync_api import Page, expect
 from test_app_plan import FAKE_CLI
 from test_browser_a11y import audit
@@ -137,17 +137,12 @@ def test_every_control_is_reached_by_tab_with_a_focus_ring_and_dark_mode_passes_
     assert no_ring == []
 
 
-class TestAFullDisk:
-    """The database on a 4 MiB tmpfs that the simulation fills before it answers."""
-
-    @pytest.fixture
-    def database_url(self, small_disk) -> str:
-        return f"sqlite:///{small_disk / 'test.sqlite3'}"
+class TestAFullDisk(DatabaseOnSmallDisk):
+    """The simulation (a fake) fills the database's 4 MiB tmpfs before it answers."""
 
     @pytest.fixture
     def app_config(self, app_config: dict, small_disk) -> dict:
-        fake_cli = app_config["PLAN_SIMULATION_COMMAND"][1]
-        return {**app_config, "PLAN_SIMULATION_COMMAND": [sys.executable, "-c", FILL_THEN_RUN, str(small_disk), fake_cli]}
+        return {**app_config, "PLAN_SIMULATION_COMMAND": filling_first(app_config["PLAN_SIMULATION_COMMAND"], small_disk)}
 
     def test_a_simulation_waiting_for_space_says_so_and_shows_once_stored(self, page: Page, live_server: str, worker,
                                                                           small_disk):

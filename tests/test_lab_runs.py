@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from conftest import FILL_THEN_RUN, csrf_token_of
+from conftest import DatabaseOnSmallDisk, filling_first
 from live_server import wait_for
 from sqlmodel import Session, select
 from test_sharding_launch import shared_semaphores
@@ -290,43 +290,38 @@ def test_a_running_row_is_left_alone_while_its_runner_holds_the_lock(app, csrf_t
     worker.stop()
 
 
-@launches
-@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # the test's own database, on the small disk
-def test_a_result_a_full_disk_refuses_is_stored_once_space_is_back(app_config, tmp_path, bank_dir, small_disk, caplog):
-    app = create_app({**app_config, "DATABASE_URL": f"sqlite:///{small_disk / 'study.sqlite3'}",
-                      "LAB_COMMAND": [sys.executable, "-c", FILL_THEN_RUN, str(small_disk), str(FAKE_LAB)]},
-                     instance_path=str(tmp_path / "full-disk-instance"))
-    client = app.test_client()
-    run_id = post_run(client, csrf_token_of(client), world_size=2).get_json()["run_id"]
-    worker = start_worker(app)
-    try:
-        wait_for(lambda: "could not be stored" in caplog.text, 30, "the refused write")
-        assert f"lab run {run_id} finished, but its result could not be stored (database or disk is full)" in caplog.text
-        time.sleep(2 * lab_runs.worker.POLL_S)  # asked again, and refused again
-        waiting = status(client, run_id)
-        assert waiting["status"] == "running" and worker.alive and waiting["result"] is None
-        assert waiting["unstored"] == ("database or disk is full: the disk that holds the database is full: free "
-                                       "space on it, then try again")
-        (small_disk / "filler").unlink()
-        body = finished(client, run_id, timeout_s=20)
-    finally:
-        worker.stop()
-        get_engine(app).dispose()
-    assert body["status"] == "done" and body["result"]["finding"] == f"fake finding for {LAB} at 2 ranks"
-    assert "unstored" not in body and "its result is stored" in caplog.text
+class TestAFullDisk(DatabaseOnSmallDisk):
+    """The lab (a fake) fills the database's disk before it answers, so its result meets a full disk."""
 
+    @pytest.fixture
+    def app_config(self, app_config: dict, small_disk) -> dict:
+        return {**app_config, "LAB_COMMAND": filling_first(app_config["LAB_COMMAND"], small_disk)}
 
-@launches
-@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # the test's own database, on the small disk
-def test_a_stop_while_a_result_waits_for_space_says_so_and_the_next_start_marks_it_interrupted(
-        app_config, tmp_path, small_disk, caplog):
-    app = create_app({**app_config, "DATABASE_URL": f"sqlite:///{small_disk / 'study.sqlite3'}",
-                      "LAB_COMMAND": [sys.executable, "-c", FILL_THEN_RUN, str(small_disk), str(FAKE_LAB)]},
-                     instance_path=str(tmp_path / "full-disk-instance"))
-    client = app.test_client()
-    run_id = post_run(client, csrf_token_of(client), world_size=2).get_json()["run_id"]
-    worker = start_worker(app)
-    try:
+    @launches
+    def test_a_refused_result_is_stored_once_space_is_back(self, app, client, csrf_token, small_disk, caplog):
+        run_id = post_run(client, csrf_token, world_size=2).get_json()["run_id"]
+        worker = start_worker(app)
+        try:
+            wait_for(lambda: "could not be stored" in caplog.text, 30, "the refused write")
+            assert (f"lab run {run_id} finished, but its result could not be stored (database or disk is full)"
+                    in caplog.text)
+            time.sleep(2 * lab_runs.worker.POLL_S)  # asked again, and refused again
+            waiting = status(client, run_id)
+            assert waiting["status"] == "running" and worker.alive and waiting["result"] is None
+            assert waiting["unstored"] == ("database or disk is full: the disk that holds the database is full: free "
+                                           "space on it, then try again")
+            (small_disk / "filler").unlink()
+            body = finished(client, run_id, timeout_s=20)
+        finally:
+            worker.stop()
+        assert body["status"] == "done" and body["result"]["finding"] == f"fake finding for {LAB} at 2 ranks"
+        assert "unstored" not in body and "its result is stored" in caplog.text
+
+    @launches
+    def test_a_stop_while_it_waits_says_so_and_the_next_start_marks_it_interrupted(self, app, client, csrf_token,
+                                                                                   small_disk, caplog):
+        run_id = post_run(client, csrf_token, world_size=2).get_json()["run_id"]
+        worker = start_worker(app)
         wait_for(lambda: "could not be stored" in caplog.text, 30, "the refused write")
         worker.stop()
         assert not worker.alive and "lab worker: run failed" not in caplog.text
@@ -336,9 +331,7 @@ def test_a_stop_while_a_result_waits_for_space_says_so_and_the_next_start_marks_
         restarted = start_worker(app)
         body = finished(client, run_id, timeout_s=20)
         restarted.stop()
-    finally:
-        get_engine(app).dispose()
-    assert body["status"] == "failed" and body["error"] == INTERRUPTED
+        assert body["status"] == "failed" and body["error"] == INTERRUPTED
 
 
 # --- the pages -------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import sqlite3
 
 import psycopg.errors
 import pytest
-from conftest import csrf_token_of, fill
+from conftest import DatabaseOnSmallDisk, csrf_token_of, fill
 from test_app_study import card, logs, shown_card, submit, text
 
 from studyapp import create_app
@@ -22,18 +22,13 @@ def database_url(tmp_path) -> str:
     return f"sqlite:///{tmp_path / 'test.sqlite3'}"
 
 
-def test_a_grade_on_a_full_disk_says_to_free_space_and_counts_once_space_is_back(app_config, bank_dir, tmp_path, small_disk):
-    app = create_app({**app_config, "DATABASE_URL": f"sqlite:///{small_disk / 'study.sqlite3'}"},
-                     instance_path=str(tmp_path / "full-disk-instance"))
-    try:
-        sync_bank(get_engine(app), bank_dir)
-        client = app.test_client()
-        token = csrf_token_of(client)
+class TestAFullDisk(DatabaseOnSmallDisk):
+    def test_a_grade_says_to_free_space_and_counts_once_space_is_back(self, app, client, csrf_token, small_disk):
         shown = shown_card(client)
         before = card(app, shown["card_id"])
         filler = fill(small_disk)
 
-        refused = submit(client, token, shown, before.answer, 4)
+        refused = submit(client, csrf_token, shown, before.answer, 4)
         assert refused.status_code == 503
         assert ("could not be read or written (database or disk is full), so nothing was changed: "
                 "the disk that holds the database is full: free space on it, then try again") in text(refused)
@@ -41,10 +36,8 @@ def test_a_grade_on_a_full_disk_says_to_free_space_and_counts_once_space_is_back
         assert logs(app) == [] and card(app, before.id).version == before.version
 
         filler.unlink()  # the owner frees space; the same showing, sent again, is recorded once
-        assert submit(client, token, shown, before.answer, 4).status_code == 302
+        assert submit(client, csrf_token, shown, before.answer, 4).status_code == 302
         assert [log.card_id for log in logs(app)] == [before.id]
-    finally:
-        get_engine(app).dispose()
 
 
 def test_a_grade_on_a_read_only_database_says_to_make_it_writable(app_config, bank_dir, tmp_path):
