@@ -77,11 +77,22 @@ def test_the_lab_page_shows_claim_command_and_the_questions_it_backs(client):
     assert "sharding-lab run allgather-before-layer" in page
     assert 'href="/questions/alpha-gather"' in page
     assert "fsdp-all-gather-before-layer" in page  # backed in the catalogue, not in this test bank
-    # Ranks and device, each choice labelled; CPU ranks always (CUDA once a lab process finds a GPU).
-    assert '<label>Ranks <select name="world_size">' in page and '<label>Device <select name="device" id="device-choice">' in page
+    # World size and device, each choice labelled; CPU ranks always (CUDA once a lab process finds a GPU).
+    # This lab runs at N alone, so each choice is its number.
+    assert '<label>World size <select name="world_size">' in page and '<label>Device <select name="device" id="device-choice">' in page
     assert '<option value="cpu">CPU ranks (gloo)</option>' in page
     assert client.get("/labs/not-a-lab").status_code == 404
     assert "What FSDP shards that DDP replicates" in text(client.get("/labs"))
+
+
+def test_a_scaling_lab_s_choices_say_how_many_ranks_each_starts(client):
+    # ring-all-reduce compares N with 2N ranks; persistent-memory-scaling runs 1, N and 2N.
+    ring = client.get("/labs/ring-all-reduce").get_data(as_text=True)
+    assert '<option value="2">2 (runs at 2 and 4 ranks)</option>' in ring
+    assert '<option value="4">4 (runs at 4 and 8 ranks)</option>' in ring
+    scaling = client.get("/labs/persistent-memory-scaling").get_data(as_text=True)
+    assert '<option value="2">2 (runs at 1, 2 and 4 ranks)</option>' in scaling
+    assert '<option value="4">4 (runs at 1, 4 and 8 ranks)</option>' in scaling
 
 
 def test_the_stats_page_draws_its_svg_charts(client, app, clock):

@@ -105,6 +105,13 @@ def test_post_queues_a_run_202_and_its_status_reads_back(client, csrf_token, app
     assert len(runs(app)) == 2
 
 
+def test_an_empty_body_runs_at_the_smallest_world_size_on_cpu_and_text_digits_count(client, csrf_token, app):
+    first = post_run(client, csrf_token).get_json()["run_id"]  # {}, as the README's API documents
+    assert status(client, first)["params"] == {"world_size": 2, "device": "cpu"}
+    second = post_run(client, csrf_token, world_size="4").get_json()["run_id"]  # as a form field arrives
+    assert status(client, second)["params"] == {"world_size": 4, "device": "cpu"}
+
+
 def test_unknown_labs_and_runs_are_404(client, csrf_token, app):
     for lab_id in ("not-a-lab", "ADAM-OPTIMIZER-STATE", "..%2F..", "x" * 300):
         response = post_run(client, csrf_token, lab_id, world_size=2)
@@ -353,12 +360,19 @@ def test_the_lab_page_shows_the_latest_result_and_past_runs(client, csrf_token, 
     assert "<td>240,384</td>" in page  # the lab's table
     assert "<svg viewBox=" in page and "<title>fake &lt;chart&gt;</title>" in page  # its chart, inline
     assert f"<td>#{run_id}</td>" in page and f"<td>#{failed_id}</td>" in page  # both past runs
+    assert page.count("<td>2</td>") == 1 and page.count("<td>4</td>") == 1  # the ranks each ran (this lab: N)
     assert "rank 1 exploded" in page and "did not hold" not in page
     assert client.get(f"/labs/{LAB}/results").get_data(as_text=True).strip().startswith('<section class="lab-result"')
 
     # The card's lab box (question page, answer view) carries the measured finding and the link.
     question = client.get("/questions/beta-adam").get_data(as_text=True)
     assert "Measured: the claim held." in question and f'href="/labs/{LAB}"' in question
+
+
+def test_past_runs_name_the_ranks_a_scaling_lab_ran_not_the_n_it_was_asked(client, csrf_token):
+    asked = post_run(client, csrf_token, lab_id="ring-all-reduce", world_size=4).get_json()["run_id"]
+    page = client.get("/labs/ring-all-reduce").get_data(as_text=True)
+    assert f"<td>#{asked}</td>" in page and "<td>4, 8</td>" in page  # N and 2N
 
 
 @launches

@@ -91,6 +91,11 @@ class Lab(Generic[A]):
     def id(self) -> str:
         return self.info.id
 
+    def world_sizes(self, world_size: int) -> tuple[int, ...]:
+        """The rank counts its runs use when asked for world size N: N itself for most labs, but a
+        scaling lab compares N with 2N (and 1), so asking for 4 starts 8 ranks."""
+        return tuple(sorted({spec.config.world_size for spec in self.runs(world_size)}))
+
     def assess(self, measurements: Measurements) -> tuple[Verdict, Report]:
         """The verdict and the report, from one analysis of the measurements."""
         analysis = self.analyse(measurements)

@@ -80,11 +80,41 @@ def lab_page(lab_id: str):
         cards=cards,
         unsynced=[qid for qid in lab.questions if qid not in synced],
         runnable=lab_id in LABS,
-        world_sizes=world_sizes(),
+        rank_choices=[RankChoice(size, LABS[lab_id].world_sizes(size)) for size in world_sizes()] if lab_id in LABS else [],
         active=active,
         **(_device_choice() if lab_id in LABS else {"detection": None, "cuda_notes": []}),
         **_results(lab_id),
     )
+
+
+@dataclass(frozen=True)
+class RankChoice:
+    """A world size N the form offers, with the rank counts the lab's runs use at N (N and 2N for a
+    scaling lab): the choice says what it starts."""
+
+    world_size: int
+    ranks: tuple[int, ...]
+
+    @property
+    def label(self) -> str:
+        if self.ranks == (self.world_size,):
+            return str(self.world_size)
+        return f"{self.world_size} (runs at {_joined(self.ranks)} ranks)"
+
+
+def _joined(numbers: tuple[int, ...]) -> str:
+    """1, 2 and 4."""
+    words = [str(n) for n in numbers]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def run_ranks(lab_id: str, run: LabRun) -> str:
+    """The rank counts a past run used ("2, 4"), from the world size it asked for; blank when its
+    parameters predate world sizes or the lab is gone."""
+    asked = run.params.get("world_size") if isinstance(run.params, dict) else None
+    if lab_id not in LABS or type(asked) is not int:
+        return str(asked or "")
+    return ", ".join(map(str, LABS[lab_id].world_sizes(asked)))
 
 
 def _device_choice() -> dict[str, Any]:
@@ -123,6 +153,7 @@ def _results(lab_id: str) -> dict[str, Any]:
         "reference": ShownResult.parse(finding.reference) if finding and finding.reference is not None else None,
         "charts": safe_charts(result.get("charts")) if result else [],
         "runs": runs,
+        "run_ranks": {run.id: run_ranks(lab_id, run) for run in runs},
     }
 
 
