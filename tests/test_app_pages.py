@@ -11,7 +11,7 @@ from sqlmodel import Session, select
 
 from studyapp.charts import bar_chart
 from studyapp.db import get_engine
-from studyapp.models import Card
+from studyapp.models import Card, Deck
 from studyapp.study import StudySettings, grade
 from studyapp.sync import sync_bank
 
@@ -46,6 +46,32 @@ def test_home_lists_each_deck_with_due_new_and_learned_counts(client, app, clock
     assert deck_row(page, "alpha") == {"due": 2, "repeats": 0, "new": 1, "learned": 2}
 
 
+def numbered_decks(count: int) -> dict[str, str]:
+    """`count` copies of the alpha deck with their own ids (d0, d0-shards, ...)."""
+    return {f"d{i}": ALPHA_DECK.replace("alpha", f"d{i}") for i in range(count)}
+
+
+@pytest.mark.parametrize(("decks", "keys", "hint"), [
+    (numbered_decks(10), list("123456789"),
+     "Keys: 1–9 study a deck, s study all, h home."),  # the tenth deck has no key
+    ({"alpha": ALPHA_DECK, "beta": BETA_DECK}, ["1", "2"], "Keys: 1–2 study a deck, s study all, h home."),
+    ({"alpha": ALPHA_DECK}, ["1"], "Keys: 1 study the deck, s study all, h home."),
+    (None, [], "Keys: h home."),  # no deck, so no Study button and no "s" either
+], ids=["ten", "two", "one", "none"])
+def test_the_home_page_hint_names_only_the_deck_keys_there_are(client, app, tmp_path, decks, keys, hint):
+    # It said "1–9 study a deck" with two decks: 3–9 did nothing.
+    if decks:
+        sync_bank(get_engine(app), write_bank(tmp_path / "bank-now", decks))
+    else:  # a bank with no deck is refused: retire the decks there are
+        with Session(get_engine(app)) as session:
+            for deck in session.exec(select(Deck)):
+                deck.retired = True
+            session.commit()
+    page = text(client.get("/"))
+    assert re.findall(r'data-key="(\d)"', page) == keys
+    assert " ".join(re.sub(r"</?kbd>", "", re.search(r'<p class="keys">(.*?)</p>', page, re.S).group(1)).split()) == hint
+
+
 def test_assets_are_served_locally(client):
     page = client.get("/").get_data(as_text=True)
     assert not re.search(r'(src|href)="(https?:)?//', page)
@@ -69,6 +95,15 @@ def test_the_question_page_shows_the_answer_reasons_lab_and_history(client, app,
     assert "sharding-lab run allgather-before-layer" in page
     assert "Due 2026-03-03" in page and "right" in page
     assert client.get("/questions/nope").status_code == 404
+
+
+def test_the_question_page_says_a_card_is_to_be_repeated_today(client, app, clock):
+    review(app, "alpha-gather", clock.now, quality=3)  # passed, but below 4: its step-7 repeat waits today
+    page = " ".join(text(client.get("/questions/alpha-gather")).split())
+    assert "Repeat today (graded below 4 today: it comes back until graded 4 or 5), then due 2026-03-03 · interval 1 day ·" in page
+    clock.advance(days=1)  # the repeat ended with its day
+    page = " ".join(text(client.get("/questions/alpha-gather")).split())
+    assert "Repeat today" not in page and "Due 2026-03-03 · interval 1 day · 1 in a row" in page
 
 
 def test_the_lab_page_shows_claim_command_and_the_questions_it_backs(client):

@@ -129,6 +129,16 @@ def test_the_same_submission_twice_counts_once(client, app, csrf_token):
     assert "already recorded" in text(client.get("/study"))
 
 
+def test_a_stale_tab_grading_a_recorded_answer_is_told_which_grade_counted(client, app, csrf_token):
+    shown = shown_card(client)
+    c = card(app, shown["card_id"])
+    submit(client, csrf_token, shown, c.answer, 5)
+    stale = submit(client, csrf_token, shown, c.answer, 3)  # the other tab, answering the same showing
+    assert stale.status_code == 302
+    assert "That answer was already recorded (grade 5); it counts once." in text(client.get(stale.location))
+    assert [log.quality for log in logs(app)] == [5]
+
+
 def test_undo_restores_the_card_and_shows_it_again(client, app, csrf_token):
     shown = shown_card(client)
     before = card(app, shown["card_id"])
@@ -176,6 +186,17 @@ def test_a_step7_repeat_is_marked_on_the_page(client, app, csrf_token):
     assert "changes no interval" in page
 
 
+def test_one_repeat_done_is_said_in_the_singular(client, app, csrf_token):
+    app.config["NEW_CARDS_PER_DAY"] = 1
+    shown = shown_card(client)
+    c = card(app, shown["card_id"])
+    submit(client, csrf_token, shown, (c.answer + 1) % len(c.choices), 0)
+    again = shown_card(client)
+    assert again["card_id"] == shown["card_id"]
+    submit(client, csrf_token, again, c.answer, 4)
+    assert "1 / 1 new cards, 1 repeat." in text(client.get("/study"))
+
+
 # --- CSRF and bad input -----------------------------------------------------------------
 
 
@@ -205,7 +226,10 @@ def test_a_client_error_is_json_for_json_clients(client):
     [
         ("card_id", None, "'card_id' is missing"),
         ("card_id", "abc", "'card_id' must be a whole number"),
-        ("card_id", "-1", "'card_id' must be a whole number"),
+        ("card_id", "-1", "'card_id' must be from 0 to 2147483647, got -1."),
+        ("card_id", "-", "'card_id' must be a whole number"),
+        ("choice", "-1", "'choice' must be from 0 to 99, got -1."),
+        ("duration_ms", "-1", "'duration_ms' must be from 0 to 86400000, got -1."),
         ("card_id", "9" * 5000, "'card_id' must be a whole number"),
         ("card_id", "99999999999", "'card_id' must be from 0 to 2147483647"),
         ("version", "", "'version' is missing"),
@@ -228,6 +252,14 @@ def test_bad_form_input_is_a_400_that_names_the_field(client, app, csrf_token, f
     assert response.status_code == 400, text(response)
     assert message in text(response)
     assert logs(app) == []
+
+
+def test_a_negative_whole_number_is_told_the_fields_range(client, app, csrf_token):
+    shown = shown_card(client)
+    for choice, shown_at, message in [("-1", "1", "'choice' must be from 0 to 3, got -1."),
+                                      ("0", "-5", "'shown_at' must be from 0 to 9007199254740992, got -5.")]:
+        response = submit(client, csrf_token, shown, choice, shown_at=shown_at)  # the answer page
+        assert response.status_code == 400 and message in text(response), message
 
 
 def test_an_unknown_card_is_a_404(client, csrf_token):
@@ -330,6 +362,31 @@ def test_a_grade_resubmitted_after_its_undo_says_so(client, app, csrf_token):
     assert again.status_code == 409 and "that answer was undone" in text(again)
     [log] = logs(app)
     assert log.undone_at is not None
+
+
+def test_undo_in_a_deck_session_undoes_that_decks_latest_review(client, app, csrf_token):
+    beta = shown_card(client, "/study?deck=beta")
+    beta_card = card(app, beta["card_id"])
+    submit(client, csrf_token, beta, beta_card.answer, 5, deck="beta")
+    alpha = shown_card(client, "/study?deck=alpha")
+    submit(client, csrf_token, alpha, card(app, alpha["card_id"]).answer, 5, deck="alpha")  # the latest overall
+    beta_log, alpha_log = logs(app)
+    assert undo_form(shown_card(client)["page"])["review_id"] == str(alpha_log.id)  # all decks: the latest overall
+    question = shown_card(client, "/study?deck=beta")  # beta's second card
+    answer_page = submit(client, csrf_token, question, 0, deck="beta").get_data(as_text=True)
+    for page in (question["page"], answer_page):
+        assert undo_form(page)["review_id"] == str(beta_log.id) and "<kbd>u</kbd> undo the last review" in page
+    response = client.post("/study/undo", data=undo_form(answer_page))
+    assert response.status_code == 302 and response.location.endswith(f"/study?deck=beta&card={beta_card.id}")
+    again = shown_card(client, response.location)
+    assert again["card_id"] == str(beta_card.id)  # shown again in this session
+    assert f"Undid your grade 5 for “{beta_card.prompt}”" in html.unescape(again["page"])
+    assert [log.undone_at is not None for log in logs(app)] == [True, False]
+    # Beta has nothing left to undo: none is offered, and an undo sent anyway leaves alpha's review alone.
+    assert 'action="/study/undo"' not in shown_card(client, "/study?deck=beta")["page"]
+    bare = client.post("/study/undo", data={"csrf_token": csrf_token, "deck": "beta"})
+    assert "There is no review to undo." in text(client.get(bare.location))
+    assert [log.undone_at is not None for log in logs(app)] == [True, False]
 
 
 def test_a_requested_card_outside_the_sessions_deck_is_not_shown_under_it(client, app):

@@ -15,6 +15,9 @@ from conftest import with_committed_lab_results
 from playwright.sync_api import Page, expect
 from review_driver import drive_reviews
 
+from studyapp.db import get_engine
+from studyapp.lab_runs import enqueue
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 AXE = Path(__file__).parent / "data" / "axe.min.js"
@@ -173,6 +176,58 @@ def test_the_review_flow_stats_and_a_lab_fit_a_phone(page: Page, live_server: st
     for path in ["/stats", "/labs", "/labs/what-fsdp-shards", "/questions/alpha-shards", "/stats/tags/fsdp"]:
         page.goto(live_server + path)
         no_horizontal_scroll(page)
+
+
+# Every page that shows a table, with the tables inside closed <details> opened (the stats figures).
+TABLE_PAGES = ["/", "/decks/alpha", "/questions/alpha-shards", "/labs/what-fsdp-shards", "/stats", "/stats/tags/fsdp", "/plan"]
+# The words of the visible table cells that are laid out over more than one line. A word is a run of
+# characters between spaces or hyphens (a break after a hyphen is a word boundary); it is split when
+# its text's line boxes (a Range's client rects) sit at more than one height.
+SPLIT_WORDS = """() => {
+    document.querySelectorAll('details').forEach(d => { d.open = true; });
+    const split = [];
+    for (const cell of document.querySelectorAll('th, td')) {
+        if (!cell.checkVisibility()) continue;
+        const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+        for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+            for (const word of node.data.matchAll(/[^\\s-]+/g)) {
+                const range = document.createRange();
+                range.setStart(node, word.index);
+                range.setEnd(node, word.index + word[0].length);
+                const lines = new Set([...range.getClientRects()].filter(r => r.width > 0).map(r => Math.round(r.top)));
+                if (lines.size > 1) split.push(word[0]);
+            }
+        }
+    }
+    return split;
+}"""
+
+
+def split_words(page: Page) -> list[str]:
+    return page.evaluate(SPLIT_WORDS)
+
+
+@pytest.mark.parametrize("width", [375, 1280])
+def test_no_table_breaks_a_word_and_no_page_scrolls_sideways(page: Page, live_server: str, app, reviewed, width: int):
+    # At 375 px "Repeats", "new" and "communication" were broken a letter or two a line.
+    enqueue(get_engine(app), "what-fsdp-shards", 4, "cpu")  # a past run, for the lab page's table of them
+    page.set_viewport_size({"width": width, "height": 812})
+    split = {}
+    for path in TABLE_PAGES:
+        page.goto(live_server + path)
+        assert page.locator("table").count() >= 1, f"{path} shows no table to check"
+        assert not path.startswith("/labs/") or page.locator("table.runs").count() == 1, "no past runs shown"
+        no_horizontal_scroll(page)
+        if words := split_words(page):
+            split[path] = words
+    assert split == {}
+
+
+def test_the_split_word_check_reports_what_it_should(page: Page):
+    """The check is live: a word forced to break in a narrow cell is found; words wrapped between them are not."""
+    page.set_content('<table style="width: 60px"><tr><td style="overflow-wrap: anywhere">gradients</td>'
+                     '<td>new words</td></tr></table>')
+    assert split_words(page) == ["gradients"]
 
 
 def test_the_audit_reports_what_it_should(page: Page):

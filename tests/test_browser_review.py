@@ -114,6 +114,36 @@ def test_u_on_the_answer_page_undoes_the_review_before_it(page: Page, live_serve
     assert log.undone_at is not None
 
 
+def test_on_home_a_digit_past_the_last_deck_does_nothing(page: Page, live_server: str):
+    page.goto(live_server + "/")
+    expect(page.locator(".keys")).to_have_text("Keys: 1–2 study a deck, s study all, h home.")  # two decks
+    requested: list[str] = []
+    page.on("request", lambda request: requested.append(request.url))
+    for key in "3456789":
+        page.keyboard.press(key)
+    press_and_wait(page, "2")  # keys are handled in order: a page that 3–9 asked for would come first
+    assert requested[0] == live_server + "/study?deck=beta"
+    expect(page.locator("h1.prompt")).to_have_text("Why is Adam's optimizer state large?")
+
+
+def test_u_in_a_deck_session_undoes_that_decks_review_not_a_newer_one_elsewhere(page: Page, live_server: str, app):
+    page.goto(live_server + "/study?deck=beta")
+    graded = answer_by_keyboard(page, app, right=True, grade="5")
+    page.goto(live_server + "/study?deck=alpha")
+    answer_by_keyboard(page, app, right=True, grade="5")  # the latest review overall, in another deck
+    page.goto(live_server + "/study?deck=beta")
+    page.keyboard.press("1")
+    press_and_wait(page, "Enter")  # beta's second card, answered, not graded
+    expect(page.locator("form.undo button")).to_contain_text("Undo last review in Beta deck")
+    press_and_wait(page, "u")
+    expect(page.locator(".flash")).to_contain_text(f"Undid your grade 5 for “{graded}”")
+    expect(page.locator("h1.prompt")).to_have_text(graded)
+    expect(page.locator(".context")).to_contain_text("Beta deck")
+    with Session(get_engine(app)) as session:
+        logs = session.exec(select(ReviewLog).order_by(ReviewLog.id)).all()
+    assert [log.undone_at is not None for log in logs] == [True, False]
+
+
 @pytest.mark.parametrize("ci, outcome", [("", "1 skipped"), ("true", "1 error")])
 def test_without_chromium_a_browser_test_skips_but_fails_under_ci(ci, outcome):
     env = {**os.environ, "STUDYAPP_CHROMIUM": "/nonexistent/chromium", "CI": ci}

@@ -27,6 +27,7 @@ from studyapp.study import (
     day_progress,
     grade,
     grade_options,
+    last_live_review,
     next_card,
     replayed_schedule,
     schedule_after,
@@ -395,6 +396,26 @@ def test_an_undo_naming_an_older_review_is_a_conflict_and_changes_nothing(sessio
     with pytest.raises(ReviewRejected, match="there is no review 999") as missing:
         undo_last(session, T0, review_id=999)
     assert missing.value.status == 404
+    assert _schedules(session) == stored
+
+
+def test_an_undo_in_one_deck_undoes_that_decks_latest_review_once(session):
+    adam = card_by_qid(session, "beta-adam")
+    beta_review = answer(session, adam, right=True, quality=5)
+    alpha_review = answer(session, card_by_qid(session, "alpha-shards"), right=True, quality=4)  # newer, other deck
+    assert last_live_review(session, "beta").id == beta_review.log.id
+    assert last_live_review(session).id == alpha_review.log.id
+    undone = undo_last(session, T0, review_id=beta_review.log.id, deck_id="beta")
+    assert undone.id == beta_review.log.id and undone.undone_at is not None
+    fresh = card_by_qid(session, "beta-adam")
+    assert fresh.is_new and fresh.state == sm2.NEW_CARD and replayed_schedule(session, fresh.id) == fresh.state
+    assert session.get(ReviewLog, alpha_review.log.id).undone_at is None
+    stored = _schedules(session)
+    with pytest.raises(AlreadyUndone):  # the same form posted again
+        undo_last(session, T0, review_id=beta_review.log.id, deck_id="beta")
+    assert undo_last(session, T0, deck_id="beta") is None  # nothing of beta's left to undo
+    with pytest.raises(ReviewConflict):  # alpha's review is not beta's to undo
+        undo_last(session, T0, review_id=alpha_review.log.id, deck_id="beta")
     assert _schedules(session) == stored
 
 

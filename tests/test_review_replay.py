@@ -24,10 +24,11 @@ with tempfile.TemporaryDirectory() as folder:
 
 SETTINGS = StudySettings(timezone="UTC", new_per_day=3, reviews_per_day=4)
 
+decks = st.sampled_from([None, "alpha", "beta"])  # all decks, or a one-deck session
 actions = st.lists(
     st.one_of(
-        st.tuples(st.just("grade"), st.booleans(), st.integers(0, 2)),  # right?, which allowed grade
-        st.tuples(st.just("undo")),
+        st.tuples(st.just("grade"), st.booleans(), st.integers(0, 2), decks),  # right?, which allowed grade
+        st.tuples(st.just("undo"), decks),
         st.tuples(st.just("wait"), st.integers(1, 60)),  # hours
     ),
     max_size=40,
@@ -57,15 +58,15 @@ def test_card_state_always_equals_the_replay_of_its_log(steps):
         now = T0
         for step in steps:
             if step[0] == "grade":
-                card = next_card(session, now, SETTINGS)
+                _, right, pick, deck = step
+                card = next_card(session, now, SETTINGS, deck)
                 if card is None:
                     continue
-                _, right, pick = step
                 choice = card.answer if right else (card.answer + 1) % len(card.choices)
                 grade(session, card_id=card.id, version=card.version, choice=choice,
                       quality=allowed_qualities(right)[pick], now=now, settings=SETTINGS)
             elif step[0] == "undo":
-                undo_last(session, now)
+                undo_last(session, now, deck_id=step[1])  # a deck's latest review, maybe not the latest
             else:
                 now += timedelta(hours=step[1])
             assert_cards_match_their_logs(session)

@@ -16,6 +16,7 @@ from studyapp.charts import bar_chart
 from studyapp.db import get_engine
 from studyapp.models import Card, ReviewLog
 from studyapp.stats import KIND_LEARN, KIND_MATURE, KIND_YOUNG, DayRow, Retention
+from studyapp.study import StudySettings, grade
 from studyapp.sync import sync_bank
 
 WED = date(2026, 3, 4)
@@ -227,6 +228,32 @@ def test_a_tag_page_lists_its_cards_and_refuses_odd_tags(built, client, clock):
     assert client.get("/stats/tags/nope").status_code == 404
     assert client.get("/stats/tags/%22fsdp%22").status_code == 404
     assert client.get("/stats/tags/fs").status_code == 404  # a prefix is not the tag
+
+
+def test_a_tag_page_counts_and_marks_todays_same_day_repeats(app, client, clock):
+    with Session(get_engine(app)) as session:
+        gather = session.exec(select(Card).where(Card.question_id == "alpha-gather")).one()
+        grade(session, card_id=gather.id, version=gather.version, choice=gather.answer, quality=3, now=clock.now,
+              settings=StudySettings(timezone="UTC"))  # passed, but below 4: repeated today (2026-03-02)
+    page = " ".join(html.unescape(client.get("/stats/tags/fsdp").get_data(as_text=True)).split())
+    assert "3 cards; over the last 30 days" in page
+    assert "0 due today (overdue included), 1 to repeat today (graded below 4 earlier today)." in page
+    row = re.search(r"<tr><td><a href=\"/questions/alpha-gather\">.*?</tr>", page).group(0)
+    assert "<td>repeat today, then due 2026-03-03</td>" in row
+    clock.advance(days=1)  # the repeat ended with its day; the card is due
+    page = " ".join(html.unescape(client.get("/stats/tags/fsdp").get_data(as_text=True)).split())
+    assert "1 due today (overdue included)." in page and "repeat today" not in page
+
+
+def test_the_stats_page_says_one_review_and_one_day_in_the_singular(app, client, clock):
+    clock.now = datetime(2026, 3, 4, 12, tzinfo=timezone.utc)
+    with Session(get_engine(app)) as session:
+        session.add(log(session.exec(select(Card)).first(), WED, 4))
+        session.commit()
+    page = " ".join(html.unescape(client.get("/stats").get_data(as_text=True)).split())
+    assert "<p>1 review in the last 30 days, 100% answered right;" in page
+    assert "1 review on 1 day in the last 12 months" in page
+    assert "young 100% (1 review)," in page
 
 
 def test_the_busiest_day_is_shaded_darkest_even_when_it_is_small():

@@ -1,4 +1,5 @@
-"""The web pages, one blueprint per area; `init_app` registers them and the error pages.
+"""The web pages, one blueprint per area; `init_app` registers them, the error pages and the
+templates' `plural` filter.
 
     /                           home.index        decks with due/new/learned counts, Anki downloads
     /study[?deck=ID]            study.show        the next card (or "done for today")
@@ -31,6 +32,11 @@ from studyapp.refusals import refusal_of, shown_cause
 from studyapp.views import decks, exports, home, labs, plan, stats, study
 
 BLUEPRINTS = (home.bp, study.bp, decks.bp, labs.bp, plan.bp, stats.bp, exports.bp)
+
+
+def plural(count: int, noun: str) -> str:
+    """`{{ n|plural("day") }}`: "1 day", "9 days" (every noun the pages count takes an s)."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def render_http_error(error: HTTPException):
@@ -72,3 +78,4 @@ def init_app(app: Flask) -> None:
     app.register_error_handler(HTTPException, render_http_error)
     app.register_error_handler(TokenFileError, render_damaged_token_file)
     app.register_error_handler(OperationalError, render_database_refused)
+    app.add_template_filter(plural)

@@ -46,11 +46,14 @@ def question(question_id: str):
     if card is None:
         abort(404, description=f"There is no question '{question_id[:60]}'.")
     history = session.exec(select(ReviewLog).where(ReviewLog.card_id == card.id).order_by(ReviewLog.id.desc())).all()
+    today = clock.today()
     return render_template(
         "decks/question.html",
         card=card,
         deck=session.get(Deck, card.deck_id),
         history=history,
-        today=clock.today(),
+        today=today,
+        # Graded below 4 earlier today: its step-7 repeat waits (the home page's Repeats count).
+        repeat_today=not card.retired and card.repeat_day == today,
         **card_lab(card.lab),
     )

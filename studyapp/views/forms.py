@@ -16,7 +16,8 @@ def form_int(name: str, minimum: int = 0, maximum: int = MAX_ID) -> int:
     if raw is None or raw.strip() == "":
         abort(400, description=f"The form field '{name}' is missing.")
     raw = raw.strip()
-    if not raw.isascii() or not raw.isdigit() or len(raw) > max(12, len(str(maximum))):
+    digits = raw.removeprefix("-")  # a negative whole number is one: the range check below refuses it
+    if not digits.isascii() or not digits.isdigit() or len(digits) > max(12, len(str(maximum))):
         abort(400, description=f"The form field '{name}' must be a whole number, got {raw[:40]!r}.")
     value = int(raw)
     if not minimum <= value <= maximum:

@@ -168,11 +168,13 @@ def tag(tag: str):
     # Weakest first (new cards last), in bank order among equals: ordered on the few columns it needs,
     # then only the page's cards are loaded whole.
     candidates = session.exec(
-        select(Card.id, Card.tags, Card.due_day, Card.easiness)
+        select(Card.id, Card.tags, Card.due_day, Card.repeat_day, Card.easiness)
         .where(Card.retired.is_(False), cast(Card.tags, String).contains(needle)).order_by(Card.position)
     ).all()
-    ranked = [row.id for row in sorted((row for row in candidates if tag in row.tags),
-                                       key=lambda row: (row.due_day is None, row.easiness))]
+    tagged = [row for row in candidates if tag in row.tags]
+    ranked = [row.id for row in sorted(tagged, key=lambda row: (row.due_day is None, row.easiness))]
+    # Step-7 repeats waiting today and not otherwise due, as the home page counts them: topic.due leaves them out.
+    repeats = sum(1 for row in tagged if row.repeat_day == today and not (row.due_day and row.due_day <= today))
     if not ranked:
         abort(404, description=f"No card is tagged '{tag}'.")
     page = requested_page(len(ranked))
@@ -180,4 +182,5 @@ def tag(tag: str):
     by_id = {card.id: card for card in session.exec(select(Card).where(Card.id.in_(shown))).all()}
     topic = next((t for t in stats.mastery(session, today, MASTERY_DAYS) if t.kind == "tag" and t.name == tag), None)
     return render_template("stats/tag.html", tag=tag, cards=[by_id[card_id] for card_id in shown], page=page,
-                           topic=topic, today=today, lab_info=lab_info, percent=percent, mastery_days=MASTERY_DAYS)
+                           topic=topic, repeats=repeats, today=today, lab_info=lab_info, percent=percent,
+                           mastery_days=MASTERY_DAYS)

@@ -73,7 +73,7 @@ def show():
     today = clock.today()
     card = _requested_card(request.args.get("card"), deck) or next_card(session, now, settings, deck.id if deck else None)
     progress = day_progress(session, today)
-    undoable = last_live_review(session)
+    undoable = last_live_review(session, deck.id if deck else None)  # a deck session undoes its own reviews
     if card is None:
         return render_template("study/done.html", deck=deck, progress=progress, settings=settings, undoable=undoable)
     order = choice_order(card.id, today, len(card.choices))
@@ -125,7 +125,7 @@ def answer():
         **card_lab(card.lab),
         is_repeat=card.repeat_day == today,
         duration_ms=_answer_duration_ms(),
-        undoable=last_live_review(get_session()),
+        undoable=last_live_review(get_session(), deck.id if deck else None),
     )
 
 
@@ -150,8 +150,8 @@ def submit_grade():
         return redirect(_study_url(deck))
     except ReviewRejected as rejected:
         abort(rejected.status, description=str(rejected))
-    if result.duplicate:
-        flash("That answer was already recorded; it counts once.")
+    if result.duplicate:  # the stored row: the grade that counted, not the one just sent
+        flash(f"That answer was already recorded (grade {result.row['quality']}); it counts once.")
     return redirect(_study_url(deck))
 
 
@@ -160,7 +160,7 @@ def undo():
     deck = _deck_filter(request.form.get("deck"))
     session = get_session()
     try:
-        undone = undo_last(session, clock.now(), optional_form_int("review_id", 1))
+        undone = undo_last(session, clock.now(), optional_form_int("review_id", 1), deck.id if deck else None)
     except AlreadyUndone as already:  # the same undo form again: it counts once, as a grade does
         flash("That review was already undone; nothing changed.")
         return redirect(_study_url(deck, already.log.card_id))
