@@ -48,6 +48,7 @@ DECK_REQUIRED = {"id", "title", "questions"}
 QUESTION_KEYS = {"id", "prompt", "choices", "explanation", "lab", "tags"}
 CHOICE_KEYS = {"text", "correct", "why_wrong"}
 MAX_CHOICES = 9  # a key press is one character: 1 to 9 pick a choice in the review
+DECK_SUFFIXES = (".yaml", ".yml")  # in any case: Zero.YAML is a deck file
 
 
 @dataclass(frozen=True)
@@ -439,24 +440,36 @@ def parse_deck(text: str, file: str) -> tuple[Deck | None, list[BankProblem]]:
     return deck, []
 
 
+def _let_be(entry: Path) -> bool:
+    """What a bank folder may hold beside its deck files, unread: hidden files (an editor's lock
+    `.#fsdp.yaml`, a dangling link, or swap file; `.DS_Store`), an editor's backup (`fsdp.yaml~`), a README,
+    and folders. Anything else is refused by name: a deck skipped unread would be retired by a sync."""
+    name = entry.name
+    return name.startswith(".") or name.endswith("~") or name.split(".")[0].upper() == "README" or entry.is_dir()
+
+
 def load_bank(path: str | Path | None = None) -> list[Deck]:
-    """Load every deck file (*.yaml) in `path` (default: the repository's bank/), or one file.
-    Hidden files are not deck files: an editor's lock (`.#fsdp.yaml`, a dangling link) or swap file.
+    """Load every deck file (*.yaml, *.yml) in `path` (default: the repository's bank/), or one file.
 
     Raises BankError listing every problem in every file; on any problem nothing is returned.
     """
     root = Path(path) if path is not None else DEFAULT_BANK_DIR
+    problems: list[BankProblem] = []
     if root.is_dir():
-        found = list(root.glob("*.yaml")) + list(root.glob("*.yml"))
-        files = sorted(f for f in found if not f.name.startswith("."))
+        files = []
+        for entry in sorted(root.iterdir()):
+            if entry.suffix.lower() in DECK_SUFFIXES and not entry.name.startswith("."):
+                files.append(entry)  # a folder or FIFO so named is refused below, as not a regular file
+            elif not _let_be(entry):
+                problems.append(BankProblem(str(entry), 0, None, None, "is not a deck file (*.yaml or *.yml): "
+                                            "rename it, or move it out of the bank folder"))
     elif root.exists():
         files = [root]
     else:
         raise BankError([BankProblem(str(root), 0, None, None, "no such file or folder")])
-    if not files:
+    if not files and not problems:
         raise BankError([BankProblem(str(root), 0, None, None, "no deck files (*.yaml) found")])
 
-    problems: list[BankProblem] = []
     decks: list[Deck] = []
     for file in files:
         if file.exists() and not file.is_file():  # a FIFO would block the read forever; a folder cannot be read

@@ -71,6 +71,14 @@ def _check_revision(revision: str) -> None:
         raise CommandError(f"{revision!r} is not a revision: name one such as head, base or {head_revision()}")
 
 
+def _behind(revision: str, current: str) -> bool:
+    """Whether `revision` is `current`'s ancestor (or base): alembic's upgrade to it does nothing at all."""
+    target = _scripts().get_revision(revision)  # None: base
+    if target is None:
+        return True
+    return target.revision != current and target.revision in {s.revision for s in _scripts().walk_revisions("base", current)}
+
+
 def current_revision(engine: Engine) -> str | None:
     """The revision the database is stamped at (None: not under migrations yet)."""
     with engine.connect() as connection:
@@ -116,7 +124,8 @@ def _one_migrator(connection: Connection) -> Iterator[None]:
 def upgrade(engine: Engine, revision: str = "head") -> str | None:
     """Migrate the database to `revision` (default: the newest), all in one transaction.
     Returns the revision it is at. An unknown revision is refused before the database is opened
-    (alembic's CommandError), so it creates no file."""
+    (alembic's CommandError), so it creates no file; one behind the database's is refused too (CommandError,
+    nothing changed): only `downgrade` goes back, which drops data."""
     _check_revision(revision)
     _scripts().get_revision(revision)
     with engine.connect() as connection, _one_migrator(connection):
@@ -125,6 +134,9 @@ def upgrade(engine: Engine, revision: str = "head") -> str | None:
         if before is not None and not _known(before):
             raise SchemaError(f"the database is at revision {before}, which this version of the app does not have "
                               f"(its newest is {head_revision()}): it was made by a newer version; use that one")
+        if before is not None and _behind(revision, before):
+            raise CommandError(f"the database is at revision {before}, past {revision}: an upgrade only moves forward; "
+                               "nothing was changed")
         command.upgrade(alembic_config(connection), revision)
         connection.commit()
         after = MigrationContext.configure(connection).get_current_revision()
@@ -169,6 +181,10 @@ def db_current_command() -> None:
     engine = _engine()
     path = engine.url.database
     if engine.dialect.name == "sqlite" and path and path != ":memory:" and not Path(path).exists():
+        folder = Path(path).parent
+        if not folder.is_dir():  # `db upgrade` could not make it: SQLite makes the file, never its folder
+            raise click.ClickException(f"no database at {path}, and its folder {folder} does not exist: make the "
+                                       "folder, or set STUDYAPP_DATABASE_URL to a file in one that does")
         click.echo(f"no database at {path} yet (head is {head_revision()}): `studyapp db upgrade` makes it")
         return
     click.echo(f"database at revision {current_revision(engine) or 'unversioned'} (head is {head_revision()})")

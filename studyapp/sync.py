@@ -22,6 +22,15 @@ from studyapp.models import Card, Deck
 _PG_LOCK_KEY = 7_210_532  # any constant (migrate's is ...531): one sync at a time
 
 
+@dataclass(frozen=True)
+class RetiredDeck:
+    """A deck the bank no longer holds: its file renamed, moved or deleted. Its cards go with it."""
+
+    id: str
+    cards: int
+    reviewed: int  # of those, cards with progress: what a learner loses from reviews (kept, not deleted)
+
+
 @dataclass
 class SyncReport:
     added: list[str] = field(default_factory=list)  # question ids
@@ -31,6 +40,7 @@ class SyncReport:
     moved: list[str] = field(default_factory=list)  # only their place in the bank changed
     unchanged: int = 0
     decks: int = 0
+    retired_decks: list[RetiredDeck] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -42,6 +52,9 @@ class SyncReport:
             f"{len(self.retired)} retired, {len(self.restored)} restored, "
             + (f"{len(self.moved)} moved, " if self.moved else "")
             + f"{self.unchanged} unchanged"
+            # Named: a whole deck gone is more likely a file renamed by mistake than a card removed.
+            + "".join(f"; retired deck {d.id} ({d.cards} cards, {d.reviewed} reviewed; their history is kept)"
+                      for d in self.retired_decks)
         )
 
 
@@ -115,6 +128,8 @@ def sync_decks(session: Session, bank: list[BankDeck], *, whole_bank: bool = Tru
     for deck_id in dropped:  # live decks the bank no longer holds
         decks[deck_id].retired = True
         session.add(decks[deck_id])
+        live = [card for card in cards.values() if card.deck_id == deck_id and not card.retired]
+        report.retired_decks.append(RetiredDeck(deck_id, len(live), sum(not card.is_new for card in live)))
     for card in cards.values():
         if card.question_id not in in_bank and not card.retired:
             card.retired = True
@@ -125,10 +140,10 @@ def sync_decks(session: Session, bank: list[BankDeck], *, whole_bank: bool = Tru
     return report
 
 
-def sync_bank(engine: Engine, path: str | Path | None = None) -> SyncReport:
-    """Load the bank at `path` (default bank/; a folder, or one deck file) and sync it. Raises BankError
-    or SyncRefused before any write."""
-    bank = load_bank(path)
+def sync_bank(engine: Engine, path: str | Path | None = None, bank: list[BankDeck] | None = None) -> SyncReport:
+    """Load the bank at `path` (default bank/; a folder, or one deck file) and sync it; `bank`: the decks
+    already loaded from `path`. Raises BankError or SyncRefused before any write."""
+    bank = load_bank(path) if bank is None else bank
     with Session(engine) as session:
         _lock_for_sync(session)
         return sync_decks(session, bank, whole_bank=path is None or Path(path).is_dir())

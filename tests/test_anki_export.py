@@ -583,6 +583,15 @@ def test_stale_exports_name_what_is_out_of_date(tmp_path, runner):
     assert stale_exports(load_bank(bank), out, next(scratch)) == ["fsdp.apkg is missing"]
 
 
+def test_check_hints_the_export_of_the_folders_it_checked(tmp_path, runner):
+    # The hint was `studyapp export-anki`: followed as written, it exported bank/ into the app's exports/.
+    bank, out = write_bank(tmp_path / "my bank"), tmp_path / "my out"
+    result = runner.invoke(args=["export-anki", "--check", "--bank", str(bank), "--out", str(out)])
+    assert result.exit_code == 1
+    assert f"Error: {out} is out of date; run `studyapp export-anki --out '{tmp_path}/my out' --bank '{tmp_path}/my bank'`:" \
+        in result.output, result.output
+
+
 # --- Files beside the packages that cannot be read back --------------------------------------
 
 JSON_ERROR = "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"

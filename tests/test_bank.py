@@ -616,6 +616,34 @@ def test_an_editors_hidden_lock_file_is_no_deck_and_a_fifo_is_refused_not_read(t
     assert [(Path(p.file).name, p.message) for p in refused.value.problems] == [("pipe.yaml", "is not a regular file")]
 
 
+NOT_A_DECK = "is not a deck file (*.yaml or *.yml): rename it, or move it out of the bank folder"
+
+
+def test_a_file_in_the_bank_folder_that_is_no_deck_file_is_refused_by_name(tmp_path):
+    # zero.json was skipped unread, so `bank sync` retired the whole deck and said nothing of it.
+    shutil.copy(BANK / "fsdp.yaml", tmp_path / "fsdp.yaml")
+    shutil.copy(BANK / "zero.yaml", tmp_path / "zero.json")
+    (tmp_path / "notes.txt").write_text("drafts\n", encoding="utf-8")
+    with pytest.raises(BankError) as refused:
+        load_bank(tmp_path)
+    assert [str(p) for p in refused.value.problems] == [
+        f"{tmp_path / 'notes.txt'}: {NOT_A_DECK}",
+        f"{tmp_path / 'zero.json'}: {NOT_A_DECK}",
+    ]
+
+
+def test_what_the_bank_folder_may_hold_beside_its_decks(tmp_path):
+    shutil.copy(BANK / "fsdp.yaml", tmp_path / "fsdp.yaml")
+    shutil.copy(BANK / "zero.yaml", tmp_path / "Zero.YAML")  # the extension in any case is a deck file
+    (tmp_path / "README.md").write_text("# Our decks\n", encoding="utf-8")
+    (tmp_path / ".DS_Store").write_bytes(b"\0")
+    (tmp_path / "fsdp.yaml~").write_text("an editor's backup\n", encoding="utf-8")
+    (tmp_path / "drafts").mkdir()  # a folder is not read: the bank is the folder's own files
+    (tmp_path / "drafts" / "draft.yaml").write_text("not: a deck\n", encoding="utf-8")
+    assert [(deck.id, Path(deck.path).name) for deck in load_bank(tmp_path)] == [("fsdp", "fsdp.yaml"),
+                                                                                ("zero", "Zero.YAML")]
+
+
 
 def test_a_surrogate_escape_is_refused_naming_file_field_and_question(tmp_path):
     # A double-quoted "\ud83d\ude00" is two halves of a UTF-16 pair, not one character: `bank check` passed

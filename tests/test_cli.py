@@ -54,6 +54,26 @@ def test_bank_check_validates_without_writing(runner, app, tmp_path):
     assert card_count(app) == 5
 
 
+def test_check_and_sync_refuse_a_bank_folder_holding_a_file_that_is_no_deck(runner, app, bank_dir):
+    # beta.json was skipped unread: `check` said ok with one deck, and `sync` retired beta's cards, rc 0.
+    (bank_dir / "beta.yaml").rename(bank_dir / "beta.json")
+    said = f"{bank_dir / 'beta.json'}: is not a deck file (*.yaml or *.yml): rename it, or move it out of the bank folder"
+    checked = runner.invoke(args=["bank", "check"])
+    assert checked.exit_code == 1 and said in checked.output, checked.output
+    synced = runner.invoke(args=["bank", "sync"])
+    assert synced.exit_code == 1 and said in synced.output and "Nothing was changed." in synced.output, synced.output
+    assert card_count(app) == 5
+
+
+def test_sync_warns_of_a_lab_missing_from_the_catalogue_as_check_does(runner, app, bank_dir):
+    write_bank(bank_dir, {"alpha": ALPHA_DECK.replace("lab: reshard-after-forward", "lab: no-such-lab")})
+    line = f"warning: {bank_dir / 'alpha.yaml'}:32: question alpha-free: lab 'no-such-lab' is not in the catalogue"
+    checked = runner.invoke(args=["bank", "check"])
+    assert checked.output.splitlines() == [line, "ok: 1 decks, 3 questions"]
+    synced = runner.invoke(args=["bank", "sync"])
+    assert synced.exit_code == 0 and synced.output.splitlines()[0] == line, synced.output
+
+
 def test_a_surrogate_escape_fails_check_and_sync_refuses_it_before_writing(runner, app, bank_dir):
     # `bank check` said ok, then `bank sync` failed with a UnicodeEncodeError traceback.
     write_bank(bank_dir, {"alpha": ALPHA_DECK.replace("prompt: Why are gathered", 'prompt: "Why \\ud83d\\ude00 are gathered')

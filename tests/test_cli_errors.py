@@ -4,6 +4,7 @@ wrong is one line naming it, exit status 1, no traceback, and nothing created on
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -124,3 +125,51 @@ def test_help_says_a_bad_setting_in_one_line_and_still_helps(tmp_path):
     result = studyapp_on(instance, "--help")
     assert result.exit_code == 0 and "Traceback" not in result.output
     assert result.output.startswith(f"Error: {instance / CONFIG_FILE}: DAY_START_HOUR must be 0..23, got 25\n\nUsage: ")
+
+
+def studyapp_at(tmp_path: Path, database: Path, *args: str) -> Result:
+    """`studyapp ARGS` on the SQLite file `database`, with an instance folder of its own in tmp_path."""
+    info = ScriptInfo(create_app=lambda: create_app({"DATABASE_URL": f"sqlite:///{database}"}, upgrade_schema=False,
+                                                    instance_path=str(tmp_path / "instance")))
+    return CliRunner().invoke(main, list(args), obj=info)
+
+
+@pytest.mark.parametrize("folder, content, says", [
+    ("", bytes(range(256)) * 16, "file is not a database"),
+    ("nonexistent/", None, "unable to open database file (the database file cannot be opened: check that its folder "
+                           "exists and that the user running the app may write there)"),
+])
+def test_export_anki_refuses_a_database_it_cannot_use_and_writes_nothing(tmp_path, folder, content, says):
+    # It printed SQLAlchemy's error with its "Background on this error" link, then exported the committed
+    # results instead of the runs stored there, exit status 0.
+    (tmp_path / "data").mkdir()
+    database = tmp_path / "data" / f"{folder}x.db"
+    if content is not None:
+        database.write_bytes(content)
+    out = tmp_path / "data" / "out"
+    result = studyapp_at(tmp_path, database, "export-anki", "--out", str(out))
+    assert (result.exit_code, result.output) == (1, f"Error: cannot use the database at sqlite:///{database}: {says}; "
+                                                    "nothing was written (the packages carry each lab's latest run "
+                                                    "stored there)\n")
+    assert not out.exists() and [p.name for p in (tmp_path / "data").iterdir()] == ([database.name] if content else [])
+
+
+def test_db_current_says_the_databases_folder_does_not_exist(tmp_path):
+    # It said `studyapp db upgrade` would make the database, which then failed: the folder was missing.
+    database = tmp_path / "nonexistent" / "x.db"
+    result = studyapp_at(tmp_path, database, "db", "current")
+    assert (result.exit_code, result.output) == (1, f"Error: no database at {database}, and its folder "
+                                                    f"{tmp_path / 'nonexistent'} does not exist: make the folder, or "
+                                                    "set STUDYAPP_DATABASE_URL to a file in one that does\n")
+    assert not (tmp_path / "nonexistent").exists()
+
+
+def test_version_is_the_apps_own(tmp_path):
+    # It was Flask's: "Python 3.11.7 / Flask 3.1.3 / Werkzeug 3.1.9", offered as "Show the Flask version."
+    project = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text(encoding="utf-8")
+    version = re.search(r'^version = "(.+)"$', project, re.MULTILINE).group(1)
+    result = studyapp_at(tmp_path, tmp_path / "x.db", "--version")
+    assert (result.exit_code, result.output) == (0, f"studyapp {version}\n")
+    helped = studyapp_at(tmp_path, tmp_path / "x.db", "--help")
+    assert "--version  Show the app's version and exit." in helped.output and "Flask" not in helped.output
+    assert not (tmp_path / "x.db").exists()

@@ -93,6 +93,16 @@ def test_the_import_quiz_command_writes_a_skeleton_the_validator_refuses(runner,
     assert again.exit_code != 0 and "not overwriting" in again.output
 
 
+def test_the_import_quiz_command_hints_a_check_of_the_file_it_wrote(runner, tmp_path: Path):
+    # The hint was `studyapp bank check`, which checks the app's bank/, not the new file.
+    (tmp_path / "my decks").mkdir()
+    out = tmp_path / "my decks" / "zz.yaml"
+    result = runner.invoke(args=["bank", "import-quiz", str(SEEDS / "zero-quiz.txt"), "--deck", "zz", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.output == (f"wrote {out}: mark the correct choices and fill in the blanks, "
+                             f"then run `studyapp bank check --path '{tmp_path}/my decks/zz.yaml'`\n")
+
+
 def test_a_line_it_cannot_read_is_named_as_the_file_numbers_it():
     # Blank lines were left out before counting: the seed's line 14 was called line 12.
     lines = (SEEDS / "fsdp-quiz.txt").read_text(encoding="utf-8").splitlines()

@@ -105,6 +105,22 @@ def test_db_commands_report_and_upgrade(app, runner, caplog):
     assert f"database schema upgraded from 0001 to {HEAD}" in caplog.text
 
 
+def test_db_upgrade_to_a_revision_behind_the_database_is_refused(app, runner):
+    # `db upgrade 0001` on a database at 0003 did nothing and said "database at revision 0003", exit status 0.
+    engine = get_engine(app)
+    for revision in ("0001", "0002", "base"):
+        with pytest.raises(CommandError) as refused:
+            migrate.upgrade(engine, revision)
+        assert str(refused.value) == (f"the database is at revision {HEAD}, past {revision}: an upgrade only moves "
+                                      "forward; nothing was changed")
+    result = runner.invoke(args=["db", "upgrade", "0002"])  # `studyapp` says it as "Error: db: ..." (cli.errors)
+    assert result.exit_code == 1 and str(result.exception).startswith("the database is at revision 0003, past 0002")
+    assert migrate.current_revision(engine) == HEAD
+    assert migrate.upgrade(engine, HEAD) == HEAD  # at it already: nothing to do, and nothing to refuse
+    migrate.downgrade(engine, "0001")
+    assert migrate.upgrade(engine, "0002") == "0002"
+
+
 @pytest.mark.parametrize("revision", ["", "@", "0001@", " "])
 def test_an_empty_revision_is_refused_before_the_database_is_opened(tmp_path, revision):
     # "" and "@" failed an assertion inside alembic: a traceback, where "nosuchrev" was one line.

@@ -88,6 +88,16 @@ def test_a_removed_deck_is_retired_with_its_cards(app, bank_dir):
         assert session.get(Deck, "beta").retired
 
 
+def test_a_retired_deck_is_named_in_the_summary_with_its_reviewed_cards(app, bank_dir):
+    # A deck file gone from the folder (renamed, moved) retired its reviewed cards among the counts alone.
+    review(app, "beta-adam")
+    write_bank(bank_dir, {"alpha": ALPHA_DECK})
+    report = sync_bank(get_engine(app), bank_dir)
+    assert report.summary() == ("1 decks: 0 added, 0 updated, 2 retired, 0 restored, 3 unchanged; "
+                                "retired deck beta (2 cards, 1 reviewed; their history is kept)")
+    assert "retired deck" not in sync_bank(get_engine(app), bank_dir).summary()  # said once, when it happens
+
+
 def test_a_sync_from_one_deck_file_refuses_to_retire_the_other_decks(app, bank_dir, runner):
     before = snapshot(app)
     edited = ALPHA_DECK.replace("What does FSDP shard that DDP replicates?", "An edit synced with its folder")

@@ -12,6 +12,7 @@ To add a command, define it (a click command or an AppGroup) and list it in COMM
 from __future__ import annotations
 
 import os
+from importlib import metadata
 
 import click
 from flask import Flask
@@ -43,6 +44,15 @@ def init_app(app: Flask) -> None:
         app.cli.add_command(command)
 
 
+DISTRIBUTION = "sharding-study"  # pyproject's name: its installed metadata has the app's version
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(f"studyapp {metadata.version(DISTRIBUTION)}")
+        ctx.exit()
+
+
 def _create_app() -> Flask:
     from studyapp import create_app
 
@@ -52,11 +62,14 @@ def _create_app() -> Flask:
 class StudyappGroup(FlaskGroup):
     """Flask's command group, with a database, migration, setting or file error said in one line (cli.errors).
     Flask's own --app, --env-file and --debug are left out: the app is always create_app's (configured
-    by instance/config.py and STUDYAPP_* variables), and `serve --debug` is the debug switch."""
+    by instance/config.py and STUDYAPP_* variables), and `serve --debug` is the debug switch. --version is
+    the app's own, not Flask's."""
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.params = [p for p in self.params if p.name not in ("app", "env_file", "debug")]
+        self.params = [p for p in self.params if p.name not in ("app", "env_file", "debug", "version")]
+        self.params.append(click.Option(["--version"], is_flag=True, expose_value=False, is_eager=True,
+                                        callback=_print_version, help="Show the app's version and exit."))
 
     def invoke(self, ctx: click.Context):
         return run_explained(lambda: super(StudyappGroup, self).invoke(ctx), lambda: _database_url(ctx))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +25,7 @@ from studyapp.anki import (
 )
 from studyapp.anki.manifest import ExportFileError
 from studyapp.bank import BankError, Deck, load_bank
+from studyapp.cli.errors import explained, shown_url
 from studyapp.db import get_engine
 from studyapp.lab_runs import latest_done
 from studyapp.lab_runs.findings import choose
@@ -34,8 +36,9 @@ from studyapp.models import LabRun
 def stored_lab_results() -> dict[str, dict[str, Any]]:
     """Per lab, the result of its latest finished run in the app's database; {} without one.
 
-    Read defensively: the export must also work against a database that does not exist yet, or
-    before the lab-run table does.
+    A database that does not exist yet is made, and one before the lab-run table has none. One that
+    cannot be used (not a database, its folder missing) is refused, as every command refuses it: the
+    committed results in its place would publish packages without the runs stored there.
     """
     try:
         engine = get_engine()
@@ -43,9 +46,12 @@ def stored_lab_results() -> dict[str, dict[str, Any]]:
             return {}
         with Session(engine) as session:
             runs = latest_done(session)
-    except Exception as error:  # noqa: BLE001 - no usable database is a normal case: use the file
-        click.echo(f"lab results: not read from the database ({type(error).__name__}: {error})", err=True)
-        return {}
+    except Exception as error:
+        line = explained(error, lambda: shown_url(current_app.config["DATABASE_URL"]))
+        if line is None:  # a bug: its traceback is the report
+            raise
+        raise click.ClickException(f"{line}; nothing was written (the packages carry each lab's latest run "
+                                   "stored there)") from None
     return {lab_id: _dated(run) for lab_id, run in runs.items() if isinstance(run.result, dict)}
 
 
@@ -73,6 +79,9 @@ def _dated(run: LabRun) -> dict[str, Any]:
 def export_anki_command(deck_id: str | None, out_dir: Path | None, bank_dir: Path | None, check: bool) -> None:
     """Write the bank as Anki packages: one per deck and all-decks.apkg."""
     config = current_app.config
+    # The export `--check` says to run: to the same folder, from the same bank.
+    export = ["studyapp", "export-anki"] + (["--out", str(out_dir)] if out_dir else []) + (
+        ["--bank", str(bank_dir)] if bank_dir else [])
     out_dir = out_dir or Path(config.get("EXPORTS_DIR") or DEFAULT_EXPORTS_DIR)
     try:
         decks = load_bank(bank_dir or config.get("BANK_PATH"))
@@ -80,7 +89,7 @@ def export_anki_command(deck_id: str | None, out_dir: Path | None, bank_dir: Pat
         raise click.ClickException(str(error)) from error
     try:
         if check:
-            _check(decks, out_dir)
+            _check(decks, out_dir, shlex.join(export))
         else:
             _export(decks, out_dir, deck_id)
     except ExportFileError as error:
@@ -102,11 +111,11 @@ def _remedy(path: Path) -> str:
     return f"delete it to carry the results of {DEFAULT_EXPORTS_DIR / LAB_RESULTS_FILE}, as a new folder does"
 
 
-def _check(decks: list[Deck], out_dir: Path) -> None:
+def _check(decks: list[Deck], out_dir: Path, export: str) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         problems = stale_exports(decks, out_dir, Path(scratch))
     if problems:
-        raise click.ClickException(f"{out_dir} is out of date; run `studyapp export-anki`:\n  " + "\n  ".join(problems))
+        raise click.ClickException(f"{out_dir} is out of date; run `{export}`:\n  " + "\n  ".join(problems))
     click.echo(f"{out_dir} is up to date with the bank")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import click
@@ -10,15 +11,26 @@ from flask.cli import AppGroup
 
 from sharding_lab import atomic_write
 from sharding_lab.catalog import lab_info
-from studyapp.bank import SLUG, BankError, load_bank, quiz_to_yaml
+from studyapp.bank import SLUG, BankError, Deck, load_bank, quiz_to_yaml
 from studyapp.db import get_engine
 from studyapp.sync import SyncRefused, SyncReport, sync_bank
 
 
+def lab_warnings(decks: list[Deck]) -> list[str]:
+    """A line per question whose lab the catalogue lacks: its card would show no lab (check and sync say it)."""
+    return [f"warning: {deck.path}:{question.line}: question {question.id}: lab '{question.lab}' is not in the catalogue"
+            for deck in decks for question in deck.questions if lab_info(question.lab) is None]
+
+
 def sync_configured_bank(app: Flask) -> SyncReport:
-    """Sync the app's bank (config BANK_PATH); a refused bank becomes a clean CLI error."""
+    """Sync the app's bank (config BANK_PATH), saying its lab warnings first; a refused bank becomes a
+    clean CLI error."""
+    path = app.config["BANK_PATH"]
     try:
-        return sync_bank(get_engine(app), app.config["BANK_PATH"])
+        decks = load_bank(path)
+        for line in lab_warnings(decks):
+            click.echo(line)
+        return sync_bank(get_engine(app), path, decks)
     except BankError as error:
         raise click.ClickException(f"{error}\nNothing was changed.") from None
     except SyncRefused as error:
@@ -46,10 +58,8 @@ def bank_check_command(path: str | None) -> None:
         decks = load_bank(path or current_app.config["BANK_PATH"])
     except BankError as error:
         raise click.ClickException(str(error)) from None
-    for deck in decks:
-        for question in deck.questions:
-            if lab_info(question.lab) is None:
-                click.echo(f"warning: {deck.path}:{question.line}: question {question.id}: lab '{question.lab}' is not in the catalogue")
+    for line in lab_warnings(decks):
+        click.echo(line)
     count = sum(len(deck.questions) for deck in decks)
     click.echo(f"ok: {len(decks)} decks, {count} questions")
 
@@ -79,4 +89,5 @@ def bank_import_quiz_command(quiz_file: str, deck_id: str, out: str | None) -> N
     if not Path(out).parent.is_dir():
         raise click.ClickException(f"{out}: there is no folder {Path(out).parent}")
     atomic_write.write_text(Path(out), text)
-    click.echo(f"wrote {out}: mark the correct choices and fill in the blanks, then run `studyapp bank check`")
+    check = shlex.join(["studyapp", "bank", "check", "--path", out])  # the file written, not the app's bank
+    click.echo(f"wrote {out}: mark the correct choices and fill in the blanks, then run `{check}`")
