@@ -16,7 +16,8 @@ labs_group = AppGroup("labs", help="Run the labs and store their results (what t
 
 
 @labs_group.command("run-all")
-@click.option("--world-size", type=int, default=None, help="Ranks per lab (default: the first allowed, 2).")
+@click.option("--world-size", type=int, default=None, help="Ranks N per lab (default: the first allowed, 2); a lab comparing world sizes "
+              "also runs 2N (and 1).")
 def run_all_command(world_size: int | None) -> None:
     """Queue every lab and run the queue, one lab at a time, on warm ranks the labs share (one pool
     per world size, ended when the command ends); each result is stored with its run."""
