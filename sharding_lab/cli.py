@@ -39,8 +39,9 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-batch", type=positive_int, default=RunConfig.batch_size,
                         help=f"sequences per rank per forward (default {RunConfig.batch_size})")
     parser.add_argument("--seq", type=positive_int, help="tokens per sequence (default the model's block_size)")
-    parser.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True,
-                        help="FSDP explicit prefetching of the next block's all-gather (default on)")
+    parser.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=None,  # None: not given
+                        help="FSDP: explicit prefetching of the next block's all-gather (default on); "
+                        "`measure` refuses either flag for a DDP strategy, `compare` runs those without it")
     parser.add_argument("--mixed-precision", action="store_true", help="bf16 parameters, fp32 reduction")
     parser.add_argument("--check-gradients", action="store_true",
                         help="compare the full gradient with a single-process reference")
@@ -55,7 +56,7 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grad-accum", type=positive_int, default=1, metavar="STEPS",
                         help="micro-batches per optimizer step; gradients sync on the last only (default 1)")
     parser.add_argument("--device", choices=DEVICES, default="cpu",
-                        help="cpu (gloo) or cuda (where ranks go: --placement); ignored under torchrun")
+                        help="cpu (gloo; the default) or cuda (where ranks go: --placement); ignored under torchrun")
     parser.add_argument(
         "--placement", choices=[p.value for p in Placement], default="auto",
         help="auto (default): one GPU per rank when there are enough, else a rank view; ranks; rank-view "
@@ -63,29 +64,40 @@ def _add_run_options(parser: argparse.ArgumentParser) -> None:
         "(N ranks on cuda:0 over gloo)",
     )
     parser.add_argument("--timeout", type=timeout_seconds, default=600.0,
-                        help="seconds, start-up included, before a hung run is ended")
+                        help="seconds, start-up included, before a hung run is ended (default %(default)g)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
 
 
 def _run_config(args: argparse.Namespace, strategy: str, *, fsdp_options_only_where_they_apply: bool = False,
                 **options) -> RunConfig:
-    """The run the flags describe. `compare` passes FSDP's own options (offload, HSDP) to the FSDP
-    strategies only; `measure` refuses them for a DDP strategy, naming the option."""
+    """The run the flags describe. `compare` passes FSDP's own options (prefetch, offload, HSDP) to the
+    FSDP strategies only; `measure` refuses them for a DDP strategy, naming the flag."""
     fsdp_options = _fsdp_options(args, strategy, only_where_they_apply=fsdp_options_only_where_they_apply)
     return RunConfig.of(
         strategy, world_size=args.world_size, device=args.device, placement=args.placement, size=args.size,
-        batch_size=args.micro_batch, seq_len=args.seq, prefetch=args.prefetch, mixed_precision=args.mixed_precision,
+        batch_size=args.micro_batch, seq_len=args.seq, mixed_precision=args.mixed_precision,
         check_gradients=args.check_gradients,
         activation_checkpointing=args.activation_checkpointing, grad_accum_steps=args.grad_accum,
         model_overrides={"tied": True} if args.tied else {}, **fsdp_options, **options,
     )
 
 
+def _fsdp_flags(args: argparse.Namespace) -> list[str]:
+    """The FSDP2-only flags given, as typed. --[no-]prefetch and --[no-]reshard-after-forward default to
+    None, so that either way of writing one is seen; only `measure` has the latter."""
+    reshard = getattr(args, "reshard_after_forward", None)
+    return [flag for flag, given in (
+        ("--prefetch", args.prefetch is True), ("--no-prefetch", args.prefetch is False),
+        ("--reshard-after-forward", reshard is True), ("--no-reshard-after-forward", reshard is False),
+        ("--cpu-offload", args.cpu_offload), ("--replicas", args.replicas > 1)) if given]
+
+
 def _fsdp_options(args: argparse.Namespace, strategy: Strategy | str, *, only_where_they_apply: bool) -> dict:
-    """--cpu-offload and --replicas for `strategy`, refused here by their flags: RunConfig's own
-    ValueErrors name its fields (cpu_offload, replicas=3), which are not what the user typed."""
-    given = [flag for flag, on in (("--cpu-offload", args.cpu_offload), ("--replicas", args.replicas > 1)) if on]
+    """The FSDP2-only options for `strategy`, refused here by their flags: RunConfig's own ValueErrors
+    name its fields (cpu_offload, replicas=3), which are not what the user typed, and it takes prefetch
+    and reshard-after-forward for DDP without a word, as options DDP never reads."""
     if not Strategy.parse(strategy).fully_sharded:
+        given = _fsdp_flags(args)
         if given and not only_where_they_apply:
             raise ValueError(f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} FSDP2's (zero2, zero3): "
                              f"{strategy} does not shard parameters")
@@ -93,14 +105,15 @@ def _fsdp_options(args: argparse.Namespace, strategy: Strategy | str, *, only_wh
     if args.world_size % args.replicas:
         raise ValueError(f"--replicas {args.replicas} must divide --world-size {args.world_size} "
                          "(HSDP's mesh is replicas x shards)")
-    return {"cpu_offload": args.cpu_offload, "replicas": args.replicas}
+    return {"prefetch": args.prefetch is not False, "cpu_offload": args.cpu_offload, "replicas": args.replicas}
 
 
 def register_measure(subparsers) -> None:
     parser = subparsers.add_parser("measure", help="measure one strategy's memory, communication and step time")
-    parser.add_argument("--strategy", required=True, choices=NAMES)
+    parser.add_argument("--strategy", required=True, choices=NAMES,
+                        help="ddp, zero1 (DDP with a sharded optimizer), zero2 or zero3 (FSDP2; fsdp is zero3)")
     parser.add_argument("--reshard-after-forward", action=argparse.BooleanOptionalAction, default=None,
-                        help="FSDP: override the strategy's choice (zero2 off, zero3 on)")
+                        help="FSDP: override the strategy's choice (zero2 off, zero3 on); refused for a DDP strategy")
     _add_run_options(parser)
     parser.set_defaults(func=run_measure)
 
@@ -136,7 +149,7 @@ def run_compare(args: argparse.Namespace) -> int:
         print(f"sharding-lab: {', '.join(map(str, left_out))} left out: DDP's mixed precision needs CUDA "
               f"(its CUDA events); comparing {', '.join(map(str, strategies))}", file=sys.stderr)
     runs = [_run_config(args, strategy, fsdp_options_only_where_they_apply=True) for strategy in strategies]
-    fsdp_only = [flag for flag, given in (("--cpu-offload", args.cpu_offload), ("--replicas", args.replicas > 1)) if given]
+    fsdp_only = _fsdp_flags(args)
     without = [str(run.strategy) for run in runs if not run.strategy.fully_sharded]
     if fsdp_only and without:
         print(f"sharding-lab: {', '.join(without)} run without {' and '.join(fsdp_only)}: FSDP2's options, which DDP "

@@ -295,7 +295,7 @@ def _refuse_unused(args: argparse.Namespace) -> None:
         raise _refused("--simulate counts the parameters of the model --size names "
                          "(default tiny); --params is for the analytic estimate without it")
     elif not args.simulate and simulation_only:
-        raise _refused(f"{' '.join(simulation_only)} shape the --simulate run; "
+        raise _refused(f"{' '.join(simulation_only)} {'shapes' if len(simulation_only) == 1 else 'shape'} the --simulate run; "
                          "without --simulate the estimate takes --params")
 
 
@@ -375,8 +375,11 @@ def register(subparsers) -> None:
         "from the ZeRO paper's analytic model; --table1 reproduces the paper's Table 1; --simulate "
         "shards the GPT with FSDP2 under FakeTensorMode and a fake process group.",
     )
-    parser.add_argument("--params", type=_param_count_arg, help="parameter count: 7.5e9, 7.5B, 128B, 1T")
-    parser.add_argument("--world-size", type=positive_int, help="data-parallel ranks N")
+    parser.add_argument("--params", type=_param_count_arg,
+                        help="the model's parameter count Ψ, e.g. 7.5e9, 7.5B, 128B, 1T (the analytic estimate's "
+                        "input: required without --simulate or --table1)")
+    parser.add_argument("--world-size", type=positive_int,
+                        help="data-parallel ranks N the states are shared among (required unless --table1)")
     parser.add_argument(
         "--mixed-precision",
         action="store_true",

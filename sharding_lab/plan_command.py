@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -32,10 +33,11 @@ from sharding_lab.planner import (
     Plan,
     PlanRequest,
     filing_difference,
+    padding_note,
     plan_analytic,
     plan_json,
 )
-from sharding_lab.planner_comm import WIRE_DERIVATION
+from sharding_lab.planner_comm import NO_COLLECTIVES, WIRE_DERIVATION
 from sharding_lab.run_config import RunConfig
 from sharding_lab.strategies import NAMES, STRATEGIES, Strategy
 from sharding_lab.units import human_bytes
@@ -176,8 +178,22 @@ def _strategies(args: argparse.Namespace) -> list[Strategy]:
     return [Strategy.parse(args.strategy)]
 
 
+def _refuse_what_simulate_cannot_take(args: argparse.Namespace) -> None:
+    """--simulate where it would answer nothing is refused, not dropped into a table cell."""
+    if not args.simulate:
+        return
+    if args.cpu_offload:
+        raise ValueError("--simulate cannot take --cpu-offload: the simulation runs on the CPU, where the host "
+                         "memory offloaded states move to is the device itself, so it would count them as GPU "
+                         "memory (plan without --simulate for the analytic figures)")
+    if args.strategy != "all" and not Strategy.parse(args.strategy).fully_sharded:
+        raise ValueError(f"--simulate simulates FSDP2 (zero2, zero3): {args.strategy} has no simulation "
+                         "(plan it without --simulate, or with --strategy all)")
+
+
 def run_plan(args: argparse.Namespace, simulate: Simulator | None) -> int:
     """Arguments in, one report out: a table per strategy, or one JSON object."""
+    _refuse_what_simulate_cannot_take(args)
     results = []
     strategies = _strategies(args)
     if left_out := [str(s) for s in STRATEGIES if s not in strategies and args.strategy == "all"]:
@@ -225,6 +241,16 @@ def _gb(num_bytes: int) -> str:
     return f"{num_bytes / GB:.2f} GB ({human_bytes(num_bytes)})"
 
 
+def _gb_figure(num_bytes: float) -> str:
+    """Decimal GB to three significant figures, never an exponent, whole GB kept whole: 1,132.59 GB reads
+    "1,133" (`.3g` printed "1.13e+03"), 200.48 GB "200", tiny's 1.6 MB "0.00164" (two decimals: "0.00")."""
+    value = num_bytes / GB
+    if value == 0:
+        return "0"
+    magnitude = math.floor(math.log10(float(f"{value:.2e}")))  # of the value as rounded: 999.6 is "1,000"
+    return f"{value:,.{max(0, 2 - magnitude)}f}"
+
+
 def _render(results) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -246,23 +272,34 @@ def _render(results) -> None:
     for analytic, simulated, unavailable, deepspeed in results:
         _render_strategy(console, Table, analytic, simulated, unavailable, deepspeed)
     if len(results) > 1:
-        summary = Table(title="Side by side (per GPU)")
-        # The logical bytes at the API, summed: not `estimate`'s comm/step, the paper's volume, which counts
-        # an all-reduce twice. DeepSpeed's figure in decimal GB, as the peak (DeepSpeed prints GiB as "GB").
-        for column in ("strategy", "peak GB", "simulated", "fits", "max batch", "DeepSpeed GB", "logical/step",
-                       "wire (derived)"):
-            summary.add_column(column, justify="left" if column == "strategy" else "right")
-        for analytic, simulated, _, deepspeed in results:
-            summary.add_row(
-                # Three significant figures: tiny's 1.6 MB peak read "0.00" with two decimals.
-                str(analytic.request.strategy), f"{analytic.peak.total / GB:.3g}",
-                f"{simulated.peak.total / GB:.3g}" if simulated else "-", "yes" if analytic.fits else "NO",
-                analytic.largest_micro_batch_label, f"{deepspeed.gpu_bytes / GB:.3g}" if deepspeed else "-",
-                human_bytes(sum(c.logical_bytes for c in analytic.communication)),
-                human_bytes(sum(c.wire_bytes_derived for c in analytic.communication)),
-            )
-        console.print(summary)
+        console.print(_side_by_side(console, Table, results))
     console.print(f"GB = 1e9 bytes. {results[0][0].headroom_statement}. Wire bytes are {WIRE_DERIVATION}.")
+
+
+def _side_by_side(console, Table, results):
+    """The strategies as columns, as `compare`'s table has them: a figure per row reads in 80 columns
+    where a column per figure did not ("strate…", a peak of "1.13e+…", "243.2 / GiB")."""
+    from sharding_lab.table_widths import fit_words
+
+    analytic, simulated, deepspeed = ([result[i] for result in results] for i in (0, 1, 3))
+    summary = Table(title="Side by side (per GPU)")
+    summary.add_column("")
+    for plan in analytic:
+        summary.add_column(str(plan.request.strategy), justify="right")
+    summary.add_row("peak GB", *(_gb_figure(plan.peak.total) for plan in analytic))
+    if any(simulated or unavailable for _, simulated, unavailable, _ in results):  # --simulate
+        summary.add_row("peak GB, simulated", *(_gb_figure(plan.peak.total) if plan else "-" for plan in simulated))
+    summary.add_row("fits", *("yes" if plan.fits else "NO" for plan in analytic))
+    summary.add_row("largest micro-batch that fits", *(plan.largest_micro_batch_label for plan in analytic))
+    # DeepSpeed's figure in decimal GB, as the peak (DeepSpeed prints GiB as "GB").
+    summary.add_row("DeepSpeed formula GB", *(_gb_figure(d.gpu_bytes) if d else "-" for d in deepspeed))
+    # The logical bytes at the API, summed: not `estimate`'s comm/step, the paper's volume, which counts an
+    # all-reduce twice.
+    summary.add_row("logical bytes per step",
+                    *(human_bytes(sum(c.logical_bytes for c in plan.communication)) for plan in analytic))
+    summary.add_row("wire bytes per step (derived)",
+                    *(human_bytes(sum(c.wire_bytes_derived for c in plan.communication)) for plan in analytic))
+    return fit_words(summary, console, whole_cells=True) or summary
 
 
 def _render_strategy(console, Table, analytic: Plan, simulated: Plan | None, unavailable, deepspeed) -> None:
@@ -287,6 +324,8 @@ def _render_strategy(console, Table, analytic: Plan, simulated: Plan | None, una
                       f"{deepspeed.gpu_bytes / 2**30:.2f} GiB ({deepspeed.gpu_bytes / GB:.2f} GB)", "",
                       style="dim")
     console.print(table)
+    if padding := padding_note(analytic):
+        console.print(f"  {padding}.")
     if simulated:
         error = analytic.peak.total / simulated.peak.total - 1
         console.print(f"  analytic vs simulated peak: {error:+.2%}; {simulated.notes[0]}")
@@ -300,7 +339,10 @@ def _render_strategy(console, Table, analytic: Plan, simulated: Plan | None, una
     for c in analytic.communication:
         comm.add_row(c.op, c.phase, f"{c.mesh_dim} x{c.ranks}", c.dtype, "buckets" if c.calls is None else str(c.calls),
                      human_bytes(c.logical_bytes), human_bytes(c.wire_bytes_derived))
-    console.print(comm)
+    if analytic.communication:
+        console.print(comm)
+    else:  # FSDP2 on one GPU: an empty table would read as one left unfilled
+        console.print(f"  {request.strategy}: communication per optimizer step: {NO_COLLECTIVES}.")
     console.print(f"  [dim]analytic holds for: {analytic.holds}.[/dim]")
     console.print(f"  [dim]analytic leaves out: {'; '.join(analytic.leaves_out)}.[/dim]")
     if simulated:
@@ -335,10 +377,10 @@ def register(subparsers, *, simulate: Simulator | None = None) -> None:
     )
     model = parser.add_argument_group("model: a named size, or its shape")
     model.add_argument("--size", help="a named size (tiny, mini, gpt2-small, ..., 1b, 7b, 70b)")
-    model.add_argument("--layers", type=at_most(BOUNDS.layers))
-    model.add_argument("--width", type=at_most(BOUNDS.dim))
-    model.add_argument("--heads", type=at_most(BOUNDS.dim))
-    model.add_argument("--vocab", type=at_most(BOUNDS.dim))
+    model.add_argument("--layers", type=at_most(BOUNDS.layers), help="transformer blocks")
+    model.add_argument("--width", type=at_most(BOUNDS.dim), help="embedding width (d_model)")
+    model.add_argument("--heads", type=at_most(BOUNDS.dim), help="attention heads (must divide --width)")
+    model.add_argument("--vocab", type=at_most(BOUNDS.dim), help="vocabulary size")
     model.add_argument("--seq-len", type=at_most(BOUNDS.dim),
                        help="the shape's longest sequence (its position embedding); default --seq")
     model.add_argument("--tied", action="store_true", help="lm_head shares the embedding's weight")
@@ -350,14 +392,19 @@ def register(subparsers, *, simulate: Simulator | None = None) -> None:
                              "H100, 150.8 for an H200 (planning with their labels' 80 and 141 leaves about 6.5%% unused); default 80")
     parser.add_argument("--headroom", type=fraction, default=0.1,
                         help="fraction of GPU memory kept free (default 0.1)")
-    parser.add_argument("--micro-batch", type=at_most(BOUNDS.micro_batch), default=1, help="sequences per GPU per forward")
+    parser.add_argument("--micro-batch", type=at_most(BOUNDS.micro_batch), default=1,
+                        help="sequences per GPU per forward (default %(default)s; `measure`'s is 2)")
     parser.add_argument("--seq", type=at_most(BOUNDS.dim),
                         help="tokens per sequence (default the model's length)")
-    parser.add_argument("--strategy", default="zero3", choices=[*NAMES, "all"], help="one strategy, or all")
+    parser.add_argument("--strategy", default="zero3", choices=[*NAMES, "all"],
+                        help="one strategy, or all side by side (default %(default)s)")
     parser.add_argument("--mixed-precision", action="store_true", help="bf16 compute, fp32 reduction and master")
     parser.add_argument("--activation-checkpointing", action="store_true", help="checkpoint every block")
-    parser.add_argument("--cpu-offload", action="store_true", help="FSDP2 CPUOffloadPolicy (zero2, zero3)")
-    parser.add_argument("--grad-accum", type=at_most(BOUNDS.grad_accum), default=1, help="micro-batches per optimizer step")
-    parser.add_argument("--simulate", action="store_true", help="add the FSDP2 simulation (slow: seconds to a minute)")
+    parser.add_argument("--cpu-offload", action="store_true",
+                        help="FSDP2 CPUOffloadPolicy (zero2, zero3); not with --simulate")
+    parser.add_argument("--grad-accum", type=at_most(BOUNDS.grad_accum), default=1,
+                        help="micro-batches per optimizer step (default %(default)s)")
+    parser.add_argument("--simulate", action="store_true",
+                        help="add the FSDP2 simulation of zero2 and zero3 (slow: seconds to a minute)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     parser.set_defaults(func=lambda args: run_plan(args, simulate), exit_without_teardown=True)  # cli.entry

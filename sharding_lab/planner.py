@@ -23,7 +23,7 @@ from enum import Enum
 
 from sharding_lab.model_config import SIZES, GPTConfig, parameter_shapes
 from sharding_lab.planner_comm import WIRE_DERIVATION, Collective, MeshDim, collectives_per_step
-from sharding_lab.planner_memory import Moment, StepShape, peak
+from sharding_lab.planner_memory import Moment, StepShape, peak, peak_and_padding
 from sharding_lab.strategies import Strategy
 from sharding_lab.units import human_bytes, param_count
 
@@ -221,6 +221,7 @@ class Figure:
 
     bytes: int
     holds: str
+    padding: int = 0  # of `bytes`, FSDP2's padding (planner_memory.peak_and_padding); analytic only
 
 
 @dataclass(frozen=True)
@@ -234,6 +235,10 @@ class PeakMemory:
     @property
     def total(self) -> int:
         return sum(figure.bytes for _, figure in self.categories)
+
+    @property
+    def padding(self) -> int:
+        return sum(figure.padding for _, figure in self.categories)
 
     def __getitem__(self, category: Category) -> Figure:
         return dict(self.categories)[Category(category)]
@@ -360,7 +365,7 @@ def step_shape(request: PlanRequest, micro_batch: int | None = None) -> StepShap
     )
 
 
-def _figures(moment: Moment, request: PlanRequest) -> PeakMemory:
+def _figures(moment: Moment, request: PlanRequest, padding: Moment) -> PeakMemory:
     dtype = _dtype_label(request.mixed_precision)
     adam = "torch.optim.Adam: fp32 exp_avg and exp_avg_sq, a 4-byte step per tensor"
     if request.strategy.fully_sharded:
@@ -405,14 +410,15 @@ def _figures(moment: Moment, request: PlanRequest) -> PeakMemory:
     }
     return PeakMemory(
         moment=moment.name,
-        categories=tuple((c, Figure(values[c], holds[c])) for c in Category),
+        categories=tuple((c, Figure(values[c], holds[c], getattr(padding, str(c)))) for c in Category),
         host_bytes=moment.host,
     )
 
 
 def analytic_peak(request: PlanRequest, micro_batch: int | None = None) -> PeakMemory:
     """The per-GPU peak for the request (or for another micro-batch)."""
-    return _figures(peak(step_shape(request, micro_batch)), request)
+    moment, padding = peak_and_padding(step_shape(request, micro_batch))
+    return _figures(moment, request, padding)
 
 
 def largest_micro_batch(request: PlanRequest) -> int:
@@ -470,6 +476,26 @@ def plan_analytic(request: PlanRequest) -> Plan:
     )
 
 
+PADDING_MATERIAL = 0.01  # FSDP2's padding is worth a sentence from 1% of the peak (70b at 1024 GPUs: 0.06%)
+
+
+def padding_note(plan: Plan, unit: Callable[[int], str] = human_bytes) -> str | None:
+    """Where FSDP2's padding is a material part of the peak, how much of it, in which categories and why, in
+    one sentence (labelled PyTorch's, not the paper's); None where it is not. `unit` writes a byte count."""
+    peak, r = plan.peak, plan.request
+    if not peak.padding or peak.padding < PADDING_MATERIAL * peak.total:
+        return None
+    parts = ", ".join(f"{str(c).replace('_', ' ')} {unit(f.padding)} of {unit(f.bytes)}"
+                      for c, f in peak.categories if f.padding >= PADDING_MATERIAL * peak.total)
+    n, gpus = r.mesh.shards, "GPUs" if r.mesh.replicas == 1 else "GPUs in a shard group"
+    few_rows = any(shape[0] < n for _, shape in r.model.parameter_shapes())
+    why = (f"with more {gpus} than a tensor's rows, each GPU holds one padded row of it" if few_rows
+           else f"each tensor's rows are padded up to a multiple of {n:,}")
+    return (f"{unit(peak.padding)} of this {unit(peak.total)} peak is FSDP2's padding ({parts}): PyTorch's "
+            f"implementation, not the ZeRO paper's even split, cuts each tensor by rows into {n:,} shards of "
+            f"ceil(rows/{n:,}) rows and pads every GPU's shard to that, so {why}")
+
+
 def with_strategy(request: PlanRequest, strategy: Strategy) -> PlanRequest:
     """The same request under another strategy."""
     return replace(request, strategy=strategy)
@@ -507,7 +533,7 @@ def filing_difference(analytic: Mapping[str, int], simulated: Mapping[str, int],
 __all__ = [
     "GB", "DEFAULT_HEADROOM", "Category", "Collective", "Figure", "Mesh", "MeshDim", "Method", "ModelShape",
     "PeakMemory", "Plan", "PlanRequest", "analytic_peak", "filing_difference", "largest_micro_batch",
-    "plan_analytic", "plan_json", "where_it_holds", "with_strategy",
+    "padding_note", "plan_analytic", "plan_json", "where_it_holds", "with_strategy",
 ]
 
 
@@ -532,6 +558,9 @@ def plan_json(plan: Plan) -> dict:
             "total_bytes": plan.peak.total,
             "categories": {str(c): {"bytes": f.bytes, "holds": f.holds} for c, f in plan.peak.categories},
             "host_bytes": plan.peak.host_bytes,
+            # FSDP2's padding in the peak: the analytic model's (the simulation's tracker does not tell it apart)
+            **({"padding_bytes": plan.peak.padding, "padding": padding_note(plan)}
+               if plan.method is Method.ANALYTIC else {}),
         },
         "usable_bytes": r.usable_bytes,
         "fits": plan.fits,

@@ -17,6 +17,9 @@ from sharding_lab.analytic import fsdp_padded_numel, ring_wire_bytes
 from sharding_lab.strategies import Strategy
 
 WIRE_DERIVATION = "derived from ring formulas: all-gather, reduce-scatter, broadcast (n-1)/n·S; all-reduce 2(n-1)/n·S"
+# What a plan with no collective says instead (FSDP2 on one GPU: a shard group of one rank, no replicas).
+NO_COLLECTIVES = ("none (on a shard group of one GPU FSDP2 gathers and reduce-scatters nothing: it copies each "
+                  "shard into its parameter and each gradient into its shard)")
 
 
 class MeshDim(str, Enum):
@@ -68,7 +71,8 @@ def collectives_per_step(
     FSDP2 (zero2, zero3): per micro-batch, forward all-gathers every unit (the blocks and the root) in
     the compute dtype; zero3 gathers the blocks again in backward (the root is not resharded after
     forward). Gradients are reduce-scattered in fp32 only on the last micro-batch (earlier ones keep
-    unsharded gradients); under HSDP the reduced shard is then all-reduced across replicas. DDP
+    unsharded gradients); under HSDP the reduced shard is then all-reduced across replicas. On a shard
+    group of one rank (one GPU, or a mesh Rx1) FSDP2 issues neither: only HSDP's all-reduce is left. DDP
     all-reduces fp32 gradient buckets once per step (`no_sync` before); PyTorch's ZeRO-1 adds a
     broadcast of every updated parameter from the rank that owns it. CPU offload moves shards between
     host and device but adds no collective.
@@ -94,12 +98,17 @@ def collectives_per_step(
     padded = fsdp_padded_numel(shapes, shards)
     holds = (f"PyTorch FSDP2 as the engine runs it, this model's shapes with FSDP2's padding to {shards} "
              f"shards; {'bf16 all-gathers, fp32 reductions' if mixed_precision else 'fp32'}")
-    result = [_collective("all_gather", "forward", shard_dim, shards, gather_bytes, k * padded, k * units, holds)]
-    if strategy is Strategy.ZERO3:
-        padded_blocks = fsdp_padded_numel(blocks, shards)
-        result.append(_collective("all_gather", "backward", shard_dim, shards, gather_bytes, k * padded_blocks,
-                                  k * (units - 1), holds))
-    if shards > 1:  # with a shard group of one rank FSDP2 copies the gradients instead (_fsdp_collectives.py)
+    result = []
+    # A shard group of one rank issues neither: FSDPParamGroup.unshard returns before its all-gather and
+    # wait_for_unshard copies each shard into its parameter; foreach_reduce copies the gradients instead
+    # of reduce-scattering them (torch 2.11-2.13). HSDP's all-reduce across replicas still runs.
+    if shards > 1:
+        result.append(_collective("all_gather", "forward", shard_dim, shards, gather_bytes, k * padded, k * units,
+                                  holds))
+        if strategy is Strategy.ZERO3:
+            padded_blocks = fsdp_padded_numel(blocks, shards)
+            result.append(_collective("all_gather", "backward", shard_dim, shards, gather_bytes,
+                                      k * padded_blocks, k * (units - 1), holds))
         result.append(_collective("reduce_scatter", "backward", shard_dim, shards, 4, padded, units, holds))
     if replicas > 1:
         result.append(_collective("all_reduce", "backward", MeshDim.REPLICATE, replicas, 4, padded // shards,

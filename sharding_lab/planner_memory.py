@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from sharding_lab.analytic import adam_step_temporaries, fsdp_padded_numel, zero1_placement
@@ -161,6 +161,36 @@ def peak(step: StepShape) -> Moment:
     return max(peak_moments(step), key=lambda moment: moment.total)
 
 
+def peak_and_padding(step: StepShape) -> tuple[Moment, Moment]:
+    """The peak, and FSDP2's padding in its bytes by category (PyTorch's implementation, not the ZeRO
+    paper's even Ψ/N): the peak less what the same op holds with every tensor split evenly over the S shards.
+
+    FSDP2 splits each parameter by rows (dim 0) as torch.chunk does, ceil(rows/S) rows a shard, and every
+    rank allocates a whole shard (FSDPParam._init_sharded_param: `chunks[0].size()`, "0th always
+    padded"); a unit's all-gather output and reduce-scatter input are S such shards. With more shards
+    than a tensor's rows, each rank holds one row of it, padding on the ranks past its rows (the fullest
+    rank, which the model follows, holds a real row: its Adam state for that row counts here too, as
+    what an even split would not give it). DDP and ZeRO-1 pad nothing: zeros."""
+    if not step.strategy.fully_sharded:
+        top = peak(step)
+        return top, Moment(top.name)
+    padded = _Ledger()
+    moments = _fsdp_moments(step, padded)
+    i = max(range(len(moments)), key=lambda k: moments[k].total)  # the first largest, as `peak`
+    at = moments[i]
+    if fsdp_padded_numel(step.shapes_in_step_order(1), step.shard_ranks) == step.block_numel + step.root_numel:
+        return at, Moment(at.name)  # every tensor's rows split evenly: nothing padded
+    even = _fsdp_moments(step, _Ledger(replay=padded.kept_ops), unpadded=True)[i]
+    return at, Moment(at.name, **{c: getattr(at, c) - getattr(even, c) for c in _CATEGORIES},
+                      host=at.host - even.host)
+
+
+def _even_numel(shapes: Iterable[Sequence[int]], shards: int) -> int:
+    """Elements with no padding: each shard would be numel / S (`fsdp_padded_numel`'s unpadded twin)."""
+    del shards  # an even split needs no rounding up
+    return sum(math.prod(shape) for shape in shapes)
+
+
 def saved_activations_bytes(step: StepShape) -> int:
     """Everything one micro-batch saves for backward, all held at once when its forward ends: every block's
     saved tensors (only its input under activation checkpointing), what the head and loss save, the inputs."""
@@ -172,14 +202,19 @@ def saved_activations_bytes(step: StepShape) -> int:
 
 class _Ledger:
     """One rank's bytes by category as the step runs, op by op; keeps the largest moment of each phase
-    (the first to reach it), as the simulation's tracker sees the step after every op."""
+    (the first to reach it), as the simulation's tracker sees the step after every op. Given `replay`
+    (the ops another walk kept, `kept_ops`), it keeps those ops' moments instead."""
 
-    def __init__(self, host: int) -> None:
+    def __init__(self, host: int = 0, replay: Sequence[int] = ()) -> None:
         self.held = dict.fromkeys(_CATEGORIES, 0)
         self.host = host
         self.moments: list[Moment] = []
+        self.kept_ops: list[int] = []  # the op (counted from 1) each kept moment was taken after
+        self._replay = frozenset(replay)
+        self._ops = 0
         self._phase = ""
         self._best: Moment | None = None
+        self._best_op = 0
 
     def phase(self, name: str) -> None:
         self._close()
@@ -189,9 +224,13 @@ class _Ledger:
         """One op: its allocations (positive) and frees (negative) by category, then a moment."""
         for category, delta in deltas.items():
             self.held[category] += delta
-        total = sum(self.held.values())
-        if self._best is None or total > self._best.total:
-            self._best = Moment(f"{self._phase} ({at})", **self.held, host=self.host)
+        self._ops += 1
+        if self._replay:
+            keep = self._ops in self._replay
+        else:
+            keep = self._best is None or sum(self.held.values()) > self._best.total
+        if keep:
+            self._best, self._best_op = Moment(f"{self._phase} ({at})", **self.held, host=self.host), self._ops
 
     def result(self) -> list[Moment]:
         self._close()
@@ -200,6 +239,7 @@ class _Ledger:
     def _close(self) -> None:
         if self._best is not None:
             self.moments.append(self._best)
+            self.kept_ops.append(self._best_op)
         self._best = None
 
 
@@ -232,19 +272,21 @@ def _root_gradient_bytes(step: StepShape) -> dict[str, int]:
             "wpe": wpe, "wte": wte}
 
 
-def _fsdp_moments(step: StepShape) -> list[Moment]:
+def _fsdp_moments(step: StepShape, m: _Ledger | None = None, *, unpadded: bool = False) -> list[Moment]:
     """FSDP2 as the engine runs it, op by op: the forward (all-gathers, saved tensors), the loss, each
     block's backward (its parameter gradients pile up until its reduce-scatter), the embeddings and the
     root's reduce-scatter, and Adam. Matches the simulation's tracker event for event at every op that
-    can hold a maximum; see `_block_backward` for one block."""
+    can hold a maximum; see `_block_backward` for one block. `m`: the ledger to walk with (a fresh one by
+    default); `unpadded`: every tensor split evenly, FSDP2's padding left out (`peak_and_padding`)."""
+    padded_numel = _even_numel if unpadded else fsdp_padded_numel
     s, a = step.shard_ranks, step.act  # a: compute bytes (activations, gathered parameters, gradients)
     zero3, prefetch, ac = step.strategy is Strategy.ZERO3, step.prefetch, step.activation_checkpointing
     t, c, v, layers = step.tokens, step.width, step.vocab, step.layers
     tc = t * c * a
     all_shapes = [*step.root_shapes, *step.block_shapes * layers]
-    sharded = fsdp_padded_numel(all_shapes, s) // s
-    block_padded = fsdp_padded_numel(step.block_shapes, s)
-    root_padded = fsdp_padded_numel(step.root_shapes, s)
+    sharded = padded_numel(all_shapes, s) // s
+    block_padded = padded_numel(step.block_shapes, s)
+    root_padded = padded_numel(step.root_shapes, s)
     P, R = block_padded * a, root_padded * a  # one block's, and the root's, gathered parameters (padded)
     # The all-gathers' flat outputs. A shard group of one GPU gathers nothing: FSDP2 copies each shard
     # straight into its unsharded parameter (FSDPParamGroup.wait_for_unshard, world_size == 1).
@@ -273,7 +315,8 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
     positions, inputs = step.seq * INT64, inputs_bytes(step.micro_batch, step.seq)
     loss_scalars = loss_scalars_bytes(a)
 
-    m = _Ledger(host)
+    m = m if m is not None else _Ledger()
+    m.host = host
 
     def all_gather(at: str, gathered: int, bf16_input: int) -> None:
         m.op(at, all_gather_buffers=gathered + bf16_input)
@@ -392,7 +435,7 @@ def _fsdp_moments(step: StepShape) -> list[Moment]:
     m.phase("optimizer step")
     m.op("the reduce-scatter buffer freed", reduce_scatter_buffers=-FP32 * root_padded,
          activations=-loss_scalars // 2)
-    shards = [fsdp_padded_numel([shape], s) // s for shape in step.shapes_in_step_order(min(layers, 2))]
+    shards = [padded_numel([shape], s) // s for shape in step.shapes_in_step_order(min(layers, 2))]
     m.op("Adam's temporaries", optimizer_state=0 if step.cpu_offload else FP32 * adam_step_temporaries(shards))
     moments = m.result()
     if step.tied and accumulated:

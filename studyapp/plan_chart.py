@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from markupsafe import Markup, escape
 
 from sharding_lab.svg import PALETTE
-from sharding_lab.units import human_bytes
+from sharding_lab.units import decimal_bytes, human_bytes
 
 # Okabe-Ito without its yellow (too pale on white for a thin segment), in the planner's category order.
 COLOURS: tuple[str, ...] = tuple(c for c in PALETTE if c != "#F0E442")
@@ -34,8 +34,8 @@ class ChartBar:
 
 
 def gigabytes(value: float) -> str:
-    """Decimal GB, as GPU memory is sold: 80e9 -> '80 GB'."""
-    return f"{value / 1e9:.3g} GB" if value < 1e12 else f"{value / 1e12:.3g} TB"
+    """Decimal units, as GPU memory is sold, in three figures for a label: 80e9 -> '80 GB'."""
+    return decimal_bytes(value, figures=3)
 
 
 def memory_chart(

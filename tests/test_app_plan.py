@@ -195,6 +195,9 @@ def test_defaults_fill_what_the_url_leaves_out_and_flags_off_mean_off(client):
         ({"gpu_memory_gb": "lots"}, "gpu_memory_gb", "GPU memory (GB) must be a number, got &#39;lots&#39;"),
         ({"gpu_memory_gb": "nan"}, "gpu_memory_gb", "GPU memory (GB) must be a number"),
         ({"gpu_memory_gb": "٨٠"}, "gpu_memory_gb", "GPU memory (GB) must be a number"),  # as gpus=٨ is refused
+        # Python's float() takes digit separators; the page refuses them, as it refuses 80,5 and 0x50.
+        ({"gpu_memory_gb": "1_000"}, "gpu_memory_gb", "GPU memory (GB) must be a number, got &#39;1_000&#39;."),
+        ({"headroom": "1_0"}, "headroom", "Headroom (%) must be a number, got &#39;1_0&#39;."),
         ({"headroom": "100"}, "headroom", "Headroom (%) must be from 0 to 99"),
         ({"headroom": "99.0000001"}, "headroom", "from 0 to 99, got 99.0000001."),  # not "got 99"
         ({"layers": "12.5", "size": "custom"}, "layers", "Layers must be a whole number"),
@@ -462,3 +465,57 @@ def test_decimal_bytes_round_as_printed():
 
     assert [decimal_bytes(v) for v in (999, 1_000, 994_999, 999_996, 12_712_122_648)] == [
         "999 B", "1.00 kB", "995.00 kB", "1.00 MB", "12.71 GB"]  # 999,996 B was "1000.00 kB"
+
+
+def test_the_verdict_repeats_a_decimal_as_typed(client):
+    # 0.0000001 GB is 100 B, 90 B usable after 10%: the verdict once read "(1e-07 GB less 10% headroom)".
+    status, text = page(client, {**GPT2, "gpu_memory_gb": "0.0000001"})
+    assert status == 200
+    verdict = re.search(r'id="verdict">(.*?)</p>', text, re.S).group(1)
+    assert "(0.0000001 GB less 10% headroom)" in verdict and re.findall(r'<data value="(\d+)"', verdict)[1] == "90"
+    assert "against 0.0000001 GB per GPU" in text and input_value(text, "gpu_memory_gb") == "0.0000001"
+
+
+def test_one_gpu_lists_only_the_collectives_pytorch_issues(client):
+    # FSDP2 on one GPU gathers and reduce-scatters nothing (7b once showed 25.6 GiB of forward all-gathers).
+    status, text = page(client, {**GPT2, "gpus": "1"})
+    assert status == 200
+    rows = re.findall(r'data-strategy="(\w+)">(.*?)</tr>', text, re.S)
+    assert [(strategy, re.findall(r"<td[^>]*>(.*?)</td>", row)[1].split(" (")[0]) for strategy, row in rows] == [
+        ("ddp", "all-reduce"), ("zero1", "all-reduce"), ("zero1", "broadcast"), ("zero2", "none"), ("zero3", "none")]
+    assert 'id="comm-zero3-none">none (on a shard group of one GPU FSDP2 gathers and reduce-scatters nothing' in text
+    # A mesh of 2 replicas x 1 shard: HSDP all-reduces each unit's fp32 gradients, 4Ψ, across the 2.
+    status, text = page(client, {**GPT2, "gpus": "2", "mesh": "2x1"})
+    zero3 = [row for strategy, row in re.findall(r'data-strategy="(\w+)">(.*?)</tr>', text, re.S) if strategy == "zero3"]
+    assert len(zero3) == 1 and "<td>all-reduce</td>" in zero3[0] and "replicate (2 ranks)" in zero3[0]
+    assert re.findall(r'<data value="(\d+)"', zero3[0]) == [str(4 * PSI), str(4 * PSI)]
+
+
+def test_padding_that_makes_up_much_of_a_peak_is_said(client):
+    # 70b on 131,072 GPUs: each GPU holds one padded row of every tensor. zero3's all-gather buffer is one
+    # block's 131,072 rows of 57,352 elements in all, 30.07 GB, where 805,412,864 parameters take 3.22 GB.
+    status, text = page(client, {"size": "70b", "gpus": "131072", "gpu_memory_gb": "80", "micro_batch": "1"})
+    assert status == 200
+    assert cell_bytes(text, "analytic-zero3-all_gather_buffers") == 4 * 131_072 * 57_352
+    note = html.unescape(re.search(r'id="padding-zero3">(.*?)</p>', text, re.S).group(1))
+    assert "all gather buffers 26.85 GB of 30.07 GB" in note  # 30,068,965,376 - 3,221,651,456 B
+    assert "PyTorch's implementation, not the ZeRO paper's" in note
+    assert "with more GPUs than a tensor's rows, each GPU holds one padded row" in note
+    assert 'id="padding-zero2"' in text and 'id="padding-ddp"' not in text
+    status, text = page(client, {"size": "70b", "gpus": "1024", "gpu_memory_gb": "80", "micro_batch": "1"})
+    assert status == 200 and 'class="padding-note"' not in text  # 0.06% of the peak there
+
+
+def test_huge_answers_are_written_in_pb_and_eb_never_tb_with_nine_digits(client):
+    from studyapp.views.plan import decimal_bytes
+
+    assert [decimal_bytes(v) for v in (1_500_000_000_000_000, 309_559_663_450_000_000_000, 999_996 * 10**15,
+                                       4_610_000 * 10**18)] == [
+        "1.50 PB", "309.56 EB", "1,000.00 EB", "4,610,000.00 EB"]
+    status, text = page(client, {"size": "custom", "layers": "1024", "width": "65536", "heads": "64", "vocab": "50304",
+                                 "seq_len": "1024", "gpus": "64", "micro_batch": "1048576"})
+    assert status == 200
+    verdict = re.sub(r"<[^>]+>", "", re.search(r'id="verdict">(.*?)</p>', text, re.S).group(1))
+    assert re.search(r"Peak \d{1,3}\.\d\d EB per GPU", verdict), verdict
+    labels = re.findall(r"<text[^>]*>([^<]*)</text>", text)
+    assert "▲ 4.61 EB" in labels and not any("e+" in label for label in labels)  # the chart's bars

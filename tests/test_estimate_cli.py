@@ -192,6 +192,8 @@ def test_table1_json_and_table(capsys):
     (["--table1", "--params", "7.5B", "--world-size", "8"], "it takes no --params --world-size"),
     (["--params", "7.5B", "--world-size", "8", "--size", "tiny", "--batch", "4"],
      "--size --batch shape the --simulate run; without --simulate the estimate takes --params"),
+    (["--params", "7.5B", "--world-size", "8", "--batch", "4"],
+     "--batch shapes the --simulate run; without --simulate the estimate takes --params"),
 ])
 def test_a_flag_the_report_would_not_read_is_refused(argv, message, capsys):
     # Each of these once printed a report that silently dropped a flag (the simulation of tiny, for

@@ -143,6 +143,13 @@ def test_human_bytes():
     assert units.human_bytes(1024**2 - 52) == "1023.9 KiB"  # 1,048,524 / 1024 = 1023.949...
 
 
+def test_human_bytes_past_a_thousand_tib():
+    # The planner's largest answers: a peak of 3.1e20 B once read "281548.6 TiB".
+    assert units.human_bytes(3 * 1024**5) == "3.0 PiB"
+    assert units.human_bytes(309_559_663_450_000_000_000) == "268.5 EiB"  # / 1024**6 = 268.50...
+    assert units.human_bytes(2048 * 1024**6) == "2,048.0 EiB"  # the largest unit, never an exponent
+
+
 def test_a_table_reads_back_from_its_json_and_refuses_what_is_not_one():
     table = Table(("run", "bytes", "held"), (("zero3", 7, True), ("ddp", 1.5, None)))
     assert Table.from_json(json.loads(json.dumps(table.to_dict()))) == table

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 from types import SimpleNamespace
 
@@ -26,19 +27,90 @@ def test_all_strategies_side_by_side(capsys):
         assert text in out
 
 
+def side_by_side_lines(out: str) -> list[list[str]]:
+    """The side-by-side table's body lines as cells: the label (or the part of it on that line), then one
+    per strategy."""
+    summary = out[out.index("Side by side"):].splitlines()
+    return [[cell.strip() for cell in line.split("│")][1:-1] for line in summary if line.startswith("│")]
+
+
+def side_by_side_rows(out: str) -> dict[str, list[str]]:
+    """The side-by-side table's rows by the label on their first line: a cell per strategy."""
+    rows: dict[str, list[str]] = {}
+    for label, *cells in side_by_side_lines(out):
+        rows.setdefault(label, cells)
+    return rows
+
+
 def test_the_side_by_side_table_names_its_bytes(capsys, monkeypatch):
     # tiny (Ψ = 60,096) on 2 GPUs, fp32: DDP's all-reduce is 4 B x Ψ = 240,384 B (234.8 KiB) at the API and
     # zero2's all-gather plus reduce-scatter 2 x 240,384 B (469.5 KiB): logical bytes, not `estimate`'s
-    # comm/step (the paper's volume, equal for the two), which the column was once called.
+    # comm/step (the paper's volume, equal for the two), which the row was once called.
     monkeypatch.setenv("COLUMNS", "200")
     code, out, _ = run(["--size", "tiny", "--gpus", "2", "--strategy", "all"], capsys)
     assert code == 0
-    summary = out[out.index("Side by side"):].splitlines()
-    header = [cell.strip() for cell in summary[2].split("┃")]
-    assert header[6:8] == ["DeepSpeed GB", "logical/step"]
-    rows = {cells[1]: cells for line in summary if line.startswith("│")
-            for cells in [[cell.strip() for cell in line.split("│")]]}
-    assert rows["ddp"][7] == "234.8 KiB" and rows["zero2"][7] == "469.5 KiB"
+    header = next(line for line in out[out.index("Side by side"):].splitlines() if line.startswith("┃"))
+    assert [cell.strip() for cell in header.split("┃")][2:-1] == ["ddp", "zero1", "zero2", "zero3"]
+    logical = side_by_side_rows(out)["logical bytes per step"]
+    assert logical[0] == "234.8 KiB" and logical[2] == "469.5 KiB"
+
+
+def _plan(strategy: str, peak: int, fits: bool, largest: str, logical: int, wire: int) -> SimpleNamespace:
+    """What the side-by-side table reads of a Plan."""
+    return SimpleNamespace(request=SimpleNamespace(strategy=strategy), peak=SimpleNamespace(total=peak), fits=fits,
+                           largest_micro_batch_label=largest,
+                           communication=[SimpleNamespace(logical_bytes=logical, wire_bytes_derived=wire)])
+
+
+# 70b's figures on 8 GPUs: ddp's peak 1,132.59 GB ("1.13e+03" with `.3g`, cut to "1.13e+…" at 80 columns),
+# its all-reduce 243.2 GiB at the API, 2 x 7/8 of it (425.6 GiB) on the wire; zero3's DeepSpeed figure
+# 148.51 GB; tiny's peak 1.6384 MB ("0.00" with two decimals).
+SIDE_BY_SIDE = [
+    (_plan("ddp", 1_132_590_000_000, False, "none", 261_119_688_704, 456_959_455_232), None, None, None),
+    (_plan("zero3", 1_638_400, True, "12", 780_000_000_000, 682_500_000_000), None, None,
+     SimpleNamespace(gpu_bytes=148_510_000_000)),
+]
+
+
+@pytest.mark.parametrize(("width", "lines"), [
+    (80, ["┃                               ┃       ddp ┃     zero3 ┃",
+          "│ peak GB                       │     1,133 │   0.00164 │",
+          "│ fits                          │        NO │       yes │",
+          "│ largest micro-batch that fits │      none │        12 │",
+          "│ DeepSpeed formula GB          │         - │       149 │",
+          "│ logical bytes per step        │ 243.2 GiB │ 726.4 GiB │",
+          "│ wire bytes per step (derived) │ 425.6 GiB │ 635.6 GiB │"]),
+    (200, ["│ peak GB                       │     1,133 │   0.00164 │"]),
+])
+def test_the_side_by_side_table_shows_every_figure_whole(width, lines):
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=io.StringIO(), width=width)
+    console.print(plan_command._side_by_side(console, Table, SIDE_BY_SIDE))
+    shown = console.file.getvalue().splitlines()
+    assert all(line in shown for line in lines), "\n".join(shown)
+
+
+@pytest.mark.parametrize("columns", ["80", "200"])
+def test_the_70b_side_by_side_reads_whole_at_80_and_200_columns(columns, capsys, monkeypatch):
+    # The README's first example: at 80 columns its headers were cut ("strate…", "DeepSp…"), ddp's peak read
+    # "1.13e+…" and every wire figure took two lines ("425.5 / GiB").
+    monkeypatch.setenv("COLUMNS", columns)
+    argv = ["--size", "70b", "--gpus", "8", "--strategy", "all"]
+    code, out, _ = run(argv, capsys)
+    assert code == 0
+    summary = out[out.index("Side by side"):out.index("GB = 1e9 bytes")].splitlines()
+    assert max(len(line) for line in summary) <= int(columns)
+    assert not any("…" in line or "e+" in line for line in summary), summary
+    assert summary[1].startswith("┏") and summary[-1].startswith("└")  # no row is cropped or wrapped apart
+    lines = side_by_side_lines(out)
+    assert all(all(cells) or not any(cells) for _, *cells in lines), lines  # a figure never spills onto a second line
+    rows = side_by_side_rows(out)
+    assert rows["fits"] == ["NO", "NO", "NO", "NO"] and rows["logical bytes per step"][0].endswith(" GiB")
+    strategies = json.loads(run([*argv, "--json"], capsys)[1])["strategies"]
+    total = strategies["ddp"]["analytic"]["peak"]["total_bytes"]
+    assert total > 1000e9 and rows["peak GB"][0] == f"{round(total / 1e9):,}"  # e.g. "1,133", whole GB kept whole
 
 
 @pytest.mark.parametrize("argv", [["--size", "7b", "--gpus", "64", "--mixed-precision"],
@@ -58,9 +130,8 @@ def test_a_strategy_that_does_not_fit_even_one_sequence_says_so(capsys):
     # 7b's DDP replica alone is 16 B x 6.86e9 = 110 GB, beyond 72 GB usable: no micro-batch fits.
     code, out, _ = run(["--size", "7b", "--gpus", "64", "--strategy", "all"], capsys)
     assert code == 0
-    summary = out[out.index("Side by side"):]
-    ddp_row = next(line for line in summary.splitlines() if line.startswith("│ ddp"))
-    assert [cell.strip() for cell in ddp_row.split("│")][4:6] == ["NO", "none"]
+    rows = side_by_side_rows(out)
+    assert rows["fits"][0] == "NO" and rows["largest micro-batch that fits"][0] == "none"
     code, out, _ = run(["--size", "7b", "--gpus", "64", "--strategy", "ddp", "--json"], capsys)
     assert json.loads(out)["strategies"]["ddp"]["analytic"]["largest_micro_batch"] == 0  # JSON keeps the number
 
@@ -108,6 +179,11 @@ def test_simulation_column_from_the_simulator_it_is_given(capsys):
         (["--layers", "2", "--width", "10", "--heads", "3", "--vocab", "32", "--seq", "8", "--gpus", "2"], "divide"),
         (["--size", "13b", "--gpus", "8"], "unknown model size"),
         (["--size", "mini", "--gpus", "8", "--strategy", "zero1", "--cpu-offload"], "CPU offload"),
+        # Both once ran, rc 0, with "simulation not available ..." in a table cell: the flag dropped.
+        (["--size", "mini", "--gpus", "8", "--cpu-offload", "--simulate"],
+         "sharding-lab: --simulate cannot take --cpu-offload: the simulation runs on the CPU"),
+        (["--size", "mini", "--gpus", "8", "--strategy", "ddp", "--simulate"],
+         "sharding-lab: --simulate simulates FSDP2 (zero2, zero3): ddp has no simulation"),
         (["--size", "mini", "--mesh", "2x4", "--strategy", "ddp"], "HSDP"),
         (["--size", "mini", "--gpus", "2", "--seq", "65"], "exceeds"),
         (["--width", "8", "--gpus", "2"], "missing"),
@@ -144,6 +220,19 @@ def test_inputs_beyond_a_plans_bounds_are_usage_errors(argv, message, capsys):
         main(["plan", "--size", "tiny", *argv] if "--layers" not in argv else ["plan", *argv])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_help_gives_each_default(capsys, monkeypatch):
+    # --micro-batch, --strategy and --grad-accum gave none, and --micro-batch's differs from measure's (2).
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())  # each option's help as one line, wherever it wrapped
+    for text in ("--micro-batch MICRO_BATCH sequences per GPU per forward (default 1; `measure`'s is 2) --seq",
+                 "--strategy {ddp,zero1,zero2,zero3,fsdp,all} one strategy, or all side by side (default zero3) --",
+                 "--grad-accum GRAD_ACCUM micro-batches per optimizer step (default 1) --",
+                 "--layers LAYERS transformer blocks --", "--vocab VOCAB vocabulary size --"):
+        assert text in shown
 
 
 def test_argument_errors_exit_2(capsys):
@@ -271,3 +360,32 @@ def test_where_the_fuzz_found_a_gap_now_counted_the_analytic_peak_is_the_simulat
     assert code == 0
     plan = json.loads(out)["strategies"][strategy]
     assert plan["analytic"]["peak"]["total_bytes"] == plan["simulation"]["peak"]["total_bytes"]
+
+
+def test_one_gpu_lists_no_all_gather(capsys):
+    # FSDP2 gathers nothing on a shard group of one GPU: 7b once showed 25.6 GiB of forward all-gathers
+    # and 24.0 GiB of backward ones here, and the side-by-side table 49.6 GiB moved.
+    code, out, _ = run(["--size", "7b", "--gpus", "1", "--strategy", "zero3"], capsys)
+    assert code == 0
+    out = " ".join(out.split())
+    assert "all_gather" not in out
+    assert "zero3: communication per optimizer step: none (on a shard group of one GPU FSDP2 gathers" in out
+    code, out, _ = run(["--size", "7b", "--gpus", "1", "--strategy", "zero3", "--json"], capsys)
+    assert json.loads(out)["strategies"]["zero3"]["analytic"]["communication"] == []
+
+
+def test_padding_that_makes_up_much_of_a_peak_is_said(capsys):
+    # 70b on 131,072 GPUs, zero3: a block's all-gather is 131,072 padded rows of 57,352 elements in all,
+    # 30,068,965,376 B, where its 805,412,864 parameters would take 3,221,651,456 B.
+    code, out, _ = run(["--size", "70b", "--gpus", "131072", "--strategy", "zero3"], capsys)
+    assert code == 0
+    out = " ".join(out.split())  # as read, whatever the terminal's width
+    assert "FSDP2's padding (" in out and "all gather buffers 25.0 GiB of 28.0 GiB" in out
+    assert "with more GPUs than a tensor's rows, each GPU holds one padded row of it." in out
+    code, out, _ = run(["--size", "70b", "--gpus", "131072", "--strategy", "zero3", "--json"], capsys)
+    peak = json.loads(out)["strategies"]["zero3"]["analytic"]["peak"]
+    gathered = peak["categories"]["all_gather_buffers"]["bytes"]
+    assert gathered == 30_068_965_376 and peak["padding_bytes"] > gathered - 3_221_651_456
+    assert "PyTorch's implementation, not the ZeRO paper's" in peak["padding"]
+    code, out, _ = run(["--size", "70b", "--gpus", "1024", "--strategy", "zero3"], capsys)
+    assert "padding (" not in out  # 0.06% of the peak there

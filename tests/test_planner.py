@@ -519,3 +519,96 @@ def test_ddp_and_zero1_walks_equal_the_tracker_byte_for_byte(strategy, fields, m
     measured = max(rank.peak_bytes for rank in measure(config).ranks)
     analytic = analytic_peak(request_for_config(config))
     assert (analytic.moment, analytic.total) == (moment, measured)
+
+
+# --- a shard group of one GPU: the collectives FSDP2 really issues ---------------------------------------
+
+
+@pytest.mark.parametrize("strategy", [Strategy.ZERO2, Strategy.ZERO3])
+def test_fsdp_on_one_gpu_issues_no_collective(strategy):
+    # FSDPParamGroup.unshard returns before its all-gather at a shard world size of 1, and foreach_reduce
+    # copies the gradients instead of reduce-scattering them: nothing to count (it once listed 9,344 B of
+    # all-gather in forward and 6,976 B in backward here).
+    request = replace(small(strategy=strategy), mesh=Mesh.of(1))
+    assert plan_analytic(request).communication == ()
+
+
+def test_hsdp_with_one_shard_a_replica_all_reduces_across_replicas_only():
+    # Mesh 2x1: each replica holds the whole model, so only HSDP's all-reduce of each unit's gradients (two
+    # blocks and the root) across the 2 replicas runs: 4 B x 2,336 = 9,344 B, sent 2(2-1)/2 x 9,344 B.
+    request = replace(small(), mesh=Mesh.parse("2x1"))
+    assert [(c.op, c.phase, c.mesh_dim.value, c.ranks, c.calls, c.logical_bytes, c.wire_bytes_derived)
+            for c in plan_analytic(request).communication] == [
+        ("all_reduce", "backward", "replicate", 2, 3, 9344, 9344)]
+
+
+@pytest.mark.slow
+def test_one_shard_collectives_are_what_real_ranks_issue():
+    # Measured on real CPU ranks (gloo): zero3 on one rank, and HSDP 2x1 on two. `tiny` has 4 blocks, so 5
+    # units; Ψ = 60,096 parameters, all-reduced in fp32 across the 2 replicas.
+    from sharding_lab.engine.measure import measure_many
+    from sharding_lab.plan_command import request_for_config
+    from sharding_lab.run_config import RunConfig
+
+    configs = [RunConfig.of("zero3", world_size=1, timed_steps=1),
+               RunConfig.of("zero3", world_size=2, replicas=2, timed_steps=1)]
+    expected = [{}, {("all_reduce", "backward", "replicate"): (5, 4 * 60_096)}]
+    for config, wanted in zip(configs, expected, strict=True):
+        (measured,) = measure_many([config], timeout_s=300)  # one launch per world size
+        issued: dict = {}
+        for c in measured.comm.collectives:
+            count, size = issued.get((c.op, c.phase, c.mesh_dim), (0, 0))
+            issued[c.op, c.phase, c.mesh_dim] = (count + 1, size + c.bytes)
+        planned = {(c.op, c.phase, str(c.mesh_dim)): (c.calls, c.logical_bytes)
+                   for c in plan_analytic(request_for_config(config)).communication}
+        assert issued == planned == wanted
+
+
+# --- FSDP2's padding where the GPUs outnumber a tensor's rows ------------------------------------------
+
+
+def test_padding_is_counted_where_the_gpus_outnumber_a_tensors_rows():
+    # 70b (width 8,192) on 131,072 GPUs: every tensor has fewer rows than GPUs, so each GPU holds one row of
+    # each: a block's shard is 1 + 1 (ln_1) + 8,192 + 1 (c_attn) + 8,192 + 1 (attn.c_proj) + 1 + 1 (ln_2)
+    # + 8,192 + 1 (c_fc) + 32,768 + 1 (mlp.c_proj) = 57,352 elements, and its all-gather 131,072 of them,
+    # where its 12C^2 + 13C = 805,412,864 parameters would do.
+    request = PlanRequest(ModelShape.named("70b"), Mesh.of(131_072), 80, micro_batch=1, strategy=Strategy.ZERO3)
+    plan = plan_analytic(request)
+    gathered, real = 4 * 131_072 * 57_352, 4 * 805_412_864
+    for category in (Category.ALL_GATHER_BUFFERS, Category.REDUCE_SCATTER_BUFFERS):  # one block's, each
+        assert (plan.peak[category].bytes, plan.peak[category].padding) == (gathered, gathered - real)
+    note = planner.padding_note(plan)
+    assert "all gather buffers 25.0 GiB of 28.0 GiB" in note  # 26,847,313,920 B of 30,068,965,376 B
+    assert "with more GPUs than a tensor's rows, each GPU holds one padded row" in note
+    assert "PyTorch's implementation, not the ZeRO paper's" in note
+    assert plan.peak.padding < plan.peak.total
+
+
+@pytest.mark.slow
+def test_the_padding_counted_is_what_fsdp2_itself_allocates():
+    # FSDP2 on fake tensors (the simulation), `tiny` (width 32) on 256 GPUs: each GPU holds one row of every
+    # tensor, so a block's shard is 1 + 1 + 32 + 1 + 32 + 1 + 1 + 1 + 32 + 1 + 128 + 1 = 232 elements and
+    # its all-gather 256 of them, where its 12C^2 + 13C = 12,704 parameters would do.
+    from sharding_lab.engine.simulate import simulate
+    from sharding_lab.plan_command import request_for_config
+    from sharding_lab.run_config import RunConfig
+
+    config = RunConfig.of("zero3", world_size=256, size="tiny", seq_len=8, batch_size=1)
+    simulated = simulate(config)
+    peak = analytic_peak(request_for_config(config))
+    gathered = peak[Category.ALL_GATHER_BUFFERS]
+    assert simulated.peak_breakdown["all_gather_buffers"] == gathered.bytes == 4 * 256 * 232
+    assert gathered.padding == 4 * 256 * 232 - 4 * 12_704
+    assert peak.total == simulated.peak_bytes
+
+
+@pytest.mark.parametrize(("strategy", "gpus", "padded"), [
+    (Strategy.ZERO3, 1024, True),  # 70b at 1,024: 59 MB of padding in a 103 GB peak, 0.06%
+    (Strategy.ZERO3, 64, False),  # every row count divides by 64
+    (Strategy.DDP, 131_072, False),  # DDP does not shard
+])
+def test_padding_is_not_mentioned_where_it_is_immaterial(strategy, gpus, padded):
+    request = PlanRequest(ModelShape.named("70b"), Mesh.of(gpus), 80, micro_batch=1, strategy=strategy)
+    plan = plan_analytic(request)
+    assert planner.padding_note(plan) is None
+    assert (plan.peak.padding > 0) == padded and plan.peak.padding < plan.peak.total / 1000

@@ -3,6 +3,7 @@ the same command under torchrun, and a failed rank turned into a clear error and
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -137,6 +138,55 @@ def test_engine_options_the_run_cannot_take_are_named_before_any_rank_starts(arg
     assert cli.main(argv) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == f"sharding-lab: {message}\n"  # one line, the flag's name
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["measure", "--strategy", "ddp", "--reshard-after-forward"],
+         "--reshard-after-forward is FSDP2's (zero2, zero3): ddp does not shard parameters"),
+        (["measure", "--strategy", "zero1", "--no-reshard-after-forward"],
+         "--no-reshard-after-forward is FSDP2's (zero2, zero3): zero1 does not shard parameters"),
+        (["measure", "--strategy", "ddp", "--no-prefetch"],
+         "--no-prefetch is FSDP2's (zero2, zero3): ddp does not shard parameters"),
+        (["measure", "--strategy", "zero1", "--prefetch", "--cpu-offload"],
+         "--prefetch and --cpu-offload are FSDP2's (zero2, zero3): zero1 does not shard parameters"),
+    ],
+)
+def test_fsdp_only_flags_are_refused_for_a_ddp_strategy_not_dropped(argv, message, monkeypatch, capsys):
+    # These ran with rc 0, the flag never read: ParallelOptions.reshard_after_forward and prefetch are FSDP's.
+    monkeypatch.setattr("sharding_lab.engine.measure.measure_many",
+                        lambda *a, **k: pytest.fail("ran, dropping the flag"))
+    assert cli.main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == f"sharding-lab: {message}\n"
+
+
+def test_compare_gives_no_prefetch_to_fsdp_alone_and_says_so(monkeypatch, capsys):
+    measured = []
+    monkeypatch.setattr(cli, "_measure", lambda runs, args, description: measured.extend(runs) or [None] * len(runs))
+    assert cli.main(["compare", "--no-prefetch", "--json"]) == 0
+    assert {str(run.strategy): run.options.prefetch for run in measured} == {
+        "ddp": True, "zero1": True, "zero2": False, "zero3": False}
+    assert capsys.readouterr().err == ("sharding-lab: ddp, zero1 run without --no-prefetch: FSDP2's options, which "
+                                       "DDP cannot take\n")
+
+
+def _options_of_every_subcommand():
+    subcommands = cli.build_parser()._subparsers._group_actions[0].choices
+    return [pytest.param(parser, action, id=f"{name} {'/'.join(action.option_strings) or action.dest}")
+            for name, parser in subcommands.items() for action in parser._actions
+            if not isinstance(action, argparse._HelpAction)]
+
+
+@pytest.mark.parametrize(("parser", "action"), _options_of_every_subcommand())
+def test_every_option_of_every_subcommand_says_what_it_does_and_its_default(parser, action):
+    # measure --strategy and plan --layers/--width/--heads/--vocab said nothing; plan's --micro-batch, --strategy and
+    # --grad-accum and serve-labs' --timeout gave no default.
+    assert action.help and action.help != argparse.SUPPRESS
+    shown = parser._get_formatter()._expand_help(action)  # as --help prints it, %(default)s filled in
+    if action.default not in (None, False, argparse.SUPPRESS):
+        assert "default" in shown
 
 
 @pytest.mark.parametrize(

@@ -15,16 +15,22 @@ terminal. The labs of one command share warm ranks, one pool per world size (sha
 from __future__ import annotations
 
 import argparse
+import errno
 import json
-import os
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sharding_lab.cli_args import positive_float, timeout_seconds
 from sharding_lab.labs.evaluate import write_summaries
 from sharding_lab.labs.registry import LABS, get_lab
 from sharding_lab.run_config import DEVICES
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
 
 def register(subparsers) -> None:
@@ -46,7 +52,7 @@ def register(subparsers) -> None:
     )
     run_parser.add_argument("lab", nargs="?", help="lab id (see `sharding-lab list`)")
     run_parser.add_argument("--all", action="store_true", help="run every lab, sharing launches")
-    run_parser.add_argument("--world-size", type=int, default=2, help="ranks N (default 2)")
+    run_parser.add_argument("--world-size", type=int, default=2, help="ranks N (default 2); a lab comparing world sizes also runs 2N (and 1)")
     run_parser.add_argument("--size", default="tiny", help="model size (default tiny)")
     run_parser.add_argument(
         "--device",
@@ -63,7 +69,8 @@ def register(subparsers) -> None:
         "--export",
         type=Path,
         metavar="PATH",
-        help="also write {lab id: run without measurements and charts} to PATH (e.g. exports/lab-results.json)",
+        help="also write {lab id: run without measurements and charts} to PATH (e.g. exports/lab-results.json); "
+        "its folder must exist",
     )
     run_parser.set_defaults(func=run_run)
 
@@ -76,7 +83,7 @@ def register(subparsers) -> None:
     serve_parser.add_argument("--idle-timeout", type=positive_float, default=300.0,
                               help="seconds a pool of ranks stays up without a lab (default 300)")
     serve_parser.add_argument("--timeout", type=timeout_seconds, default=600.0,
-                              help="seconds, start-up included, before a hung run is ended")
+                              help="seconds, start-up included, before a hung run is ended (default %(default)g)")
     serve_parser.set_defaults(func=run_serve_labs)
 
     scale_parser = subparsers.add_parser(
@@ -158,16 +165,38 @@ def _usage_error(command: str, message: str) -> int:
     return 2
 
 
-def _export_problem(path: str) -> str | None:
-    """Why `--export PATH` could not be written, found before the labs run rather than after."""
-    target = Path(path)
-    if target.is_dir():
-        return f"--export {path} is a folder; give a file path such as {target / 'lab-results.json'}"
-    folder = next(p for p in target.parents if p.exists())  # missing folders below it are made
+# What creating a file in the --export folder failed with, in words; any other errno in the OS's own.
+_CANNOT_WRITE_IN = {
+    errno.EACCES: "no permission to write in {folder}",
+    errno.EPERM: "no permission to write in {folder}",
+    errno.EROFS: "{folder} is on a read-only file system",
+    errno.ENOSPC: "no space left on the disk of {folder}",
+    errno.EDQUOT: "the disk quota of {folder} is used up",
+}
+
+
+def _cannot_write_in(folder: Path, error: OSError) -> str:
+    """Why no file could be made in `folder`, by the error's errno."""
+    why = _CANNOT_WRITE_IN.get(error.errno)
+    return why.format(folder=folder) if why else f"cannot write in {folder}: {error.strerror or error}"
+
+
+def _export_problem(path: Path) -> str | None:
+    """Why `--export PATH` could not be written, found before the labs run rather than after: a
+    folder, a parent folder that is missing (none is made, as `studyapp export-history --out` makes
+    none) or a file, or one no file can be made in (tried, and named by the error's errno)."""
+    folder = path.parent
+    if path.is_dir():
+        return f"--export {path} is a folder; give a file path such as {path / 'lab-results.json'}"
     if not folder.is_dir():
-        return f"--export {path}: {folder} is a file, so no folder can be made in it"
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return f"--export {path}: no permission to write in {folder}"
+        if folder.exists():
+            return f"--export {path}: {folder} is a file, not a folder"
+        return f"--export {path}: no folder {folder}; make it first (mkdir -p {folder})"
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        return f"--export {path}: {_cannot_write_in(folder, error)}"
     return None
 
 
@@ -241,7 +270,6 @@ def _run_with_progress(lab_ids: list[str], world_size: int, size: str, device: s
 def _print_runs(runs: list[dict]) -> None:
     from rich.console import Console
     from rich.markup import escape
-    from rich.table import Table
 
     console = Console()
     for run in runs:
@@ -252,18 +280,48 @@ def _print_runs(runs: list[dict]) -> None:
         console.print(f"[bold]Finding[/bold] {escape(run['finding'])}", highlight=False)
         if run.get("at_scale"):
             console.print(f"[bold]At scale[/bold] {escape(run['at_scale'])}", highlight=False)
-        table = Table(show_header=True)
-        for column in run["table"]["columns"]:
-            table.add_column(str(column), overflow="fold")
-        for row in run["table"]["rows"]:
-            table.add_row(*(_cell(value) for value in row))
-        console.print(table)
+        console.print(_lab_table(run["table"], console))
         for reason in run["reasons"]:
             console.print(
                 f"  {'✗' if reason.startswith('NOT') else '✓'} {reason}", markup=False, highlight=False
             )
     held = sum(run["holds"] for run in runs)
     console.print(f"\n{held} of {len(runs)} claims held.")
+
+
+def _lab_table(table: dict, console: Console) -> Table:
+    """A run's table laid out to read at the console's width with no word broken: a row per
+    configuration; where its words do not fit (6 labs' 7 or 8 columns at 80 characters), a column per
+    configuration, as a lab compares a few of them by many figures; failing that too (long tensor
+    names), each configuration's figures under each other. Only a word wider than that is folded."""
+    from rich.table import Table
+
+    from sharding_lab.table_widths import fit_words
+
+    def laid_out(header: list[str], rows: list[list[str]]) -> Table:
+        laid = Table()
+        for column in header:
+            laid.add_column(column)
+        for row in rows:
+            laid.add_row(*row)
+        return laid
+
+    columns = [str(column) for column in table["columns"]]
+    rows = [[_cell(value) for value in row] for row in table["rows"]]
+    by_row = laid_out(columns, rows)
+    if fit_words(by_row, console):
+        return by_row
+    by_column = laid_out([columns[0], *(row[0] for row in rows)],
+                         [[column, *(row[index] for row in rows)] for index, column in enumerate(columns) if index])
+    if fit_words(by_column, console):
+        return by_column
+    records = Table(show_header=False)
+    records.add_column()
+    records.add_column(overflow="fold")
+    for row in rows:
+        for index, (column, value) in enumerate(zip(columns, row, strict=True)):
+            records.add_row(column, value, end_section=index == len(columns) - 1)
+    return fit_words(records, console) or records
 
 
 def _cell(value: object) -> str:

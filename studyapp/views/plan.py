@@ -14,6 +14,7 @@ worker's queue as its own job kind (studyapp.lab_runs.plan_runs), never in this 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,12 +32,13 @@ from sharding_lab.planner import (
     Plan,
     PlanRequest,
     filing_difference,
+    padding_note,
     plan_analytic,
     with_strategy,
 )
-from sharding_lab.planner_comm import WIRE_DERIVATION
+from sharding_lab.planner_comm import NO_COLLECTIVES, WIRE_DERIVATION
 from sharding_lab.strategies import STRATEGIES, Strategy
-from sharding_lab.units import human_bytes
+from sharding_lab.units import decimal_bytes, human_bytes
 from studyapp.auth import limit_lab_runs
 from studyapp.csrf import FORM_FIELD
 from studyapp.db import get_engine, get_session
@@ -97,6 +99,7 @@ FIELDS: dict[str, Field] = {f.name: f for f in (
 )}
 SHAPE_FIELDS = ("layers", "width", "heads", "vocab", "seq_len")
 SIZE_CHOICES = (*SIZES, CUSTOM)
+DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 TRUE = ("on", "1", "true", "yes")
 FALSE = ("", "0", "false", "no", "off")
 
@@ -128,16 +131,13 @@ def _number(f: Field, raw: str, errors: dict[str, str]) -> str:
         value: float = int(text)
         canonical = str(int(text))
     else:
-        try:  # ASCII only, as the whole numbers: float() would take other scripts' digits too
-            value = float(text) if text.isascii() else math.nan
-        except ValueError:
-            value = math.nan
-        if not math.isfinite(value):
+        # A decimal in ASCII digits: float() would also take other scripts' digits, "1_000", "inf" and "nan".
+        value = float(text) + 0.0 if len(text) <= 40 and DECIMAL.fullmatch(text) else math.nan  # -0 reads as 0
+        if not math.isfinite(value):  # 1e999 too
             errors[f.name] = f"{f.label} must be a number, got {text[:40]!r}."
             return text[:40]
-        value += 0.0  # -0 reads as 0
-        # Exact: the request is built from this text, so 6 digits (":g" alone) would plan another GPU.
-        canonical = f"{value:g}" if float(f"{value:g}") == value else repr(value)
+        # The text as typed (the request is built from it, and the verdict repeats it), but -0 as 0.
+        canonical = text.lstrip("-") if value == 0 else text
     if f.positive and not value > 0:
         errors[f.name] = f"{f.label} must be positive, got {canonical}."
     elif not f.minimum <= value <= f.maximum:
@@ -283,18 +283,6 @@ def analytic_columns(request: PlanRequest) -> list[Column]:
     return columns
 
 
-def decimal_bytes(value: int | float | None) -> str:
-    """Bytes in the GPU's decimal units (an 80 GB GPU holds 80e9 bytes): 12712122648 -> '12.71 GB'."""
-    if value is None:
-        return "–"
-    if abs(value) < 1e3:
-        return f"{value:.0f} B"
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if round(abs(value) / scale, 2) >= 1:  # as printed: 999,996 bytes are "1.00 MB", not "1000.00 kB"
-            return f"{value / scale:.2f} {unit}"
-    raise AssertionError("unreachable: kB takes every value from 1,000")
-
-
 def _simulation_state(inputs: Inputs) -> dict[str, Any]:
     params = simulation_params(inputs.values)
     run = latest_simulation(get_session(), params)
@@ -350,6 +338,10 @@ def answer(inputs: Inputs) -> dict[str, Any]:
                               usable_bytes=request.usable_bytes, title=title),
         "simulation": simulation,
         "wire_derivation": WIRE_DERIVATION,
+        "no_collectives": NO_COLLECTIVES,
+        # Where FSDP2's padding is a material part of a peak (more GPUs than a tensor's rows): how much, and why.
+        "padding_notes": {str(c.strategy): note for c in columns
+                          if c.plan and (note := padding_note(c.plan, decimal_bytes))},
         "decimal_bytes": decimal_bytes,
         "human_bytes": human_bytes,
         "GB": GB,
