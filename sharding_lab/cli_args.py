@@ -8,9 +8,16 @@ import math
 from collections.abc import Callable
 
 
+def _plain(text: str) -> str:
+    """The text as a number is typed: Python's int() and float() also take "1_000", which no user means."""
+    if "_" in text:
+        raise ValueError(text)
+    return text
+
+
 def positive_int(text: str) -> int:
     try:
-        value = int(text)
+        value = int(_plain(text))
     except ValueError:
         value = 0
     if value < 1:
@@ -20,7 +27,7 @@ def positive_int(text: str) -> int:
 
 def positive_float(text: str) -> float:
     try:
-        value = float(text)
+        value = float(_plain(text))
     except ValueError:
         value = 0.0
     if not (value > 0 and math.isfinite(value)):
@@ -31,7 +38,7 @@ def positive_float(text: str) -> float:
 def fraction(text: str) -> float:
     """A share in [0, 1), e.g. of GPU memory kept free."""
     try:
-        value = float(text)
+        value = float(_plain(text))
     except ValueError:
         value = math.nan
     if not 0 <= value < 1:  # NaN fails too

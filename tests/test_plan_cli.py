@@ -213,6 +213,10 @@ def test_bad_input_is_a_message_not_a_traceback(argv, message, capsys):
     (["--gpus", "2", "--headroom", "1"], "argument --headroom: must be a fraction in [0, 1), got '1'"),
     (["--gpus", "2", "--headroom", "-0.1"], "argument --headroom: must be a fraction in [0, 1), got '-0.1'"),
     (["--gpus", "2", "--headroom", "nan"], "argument --headroom: must be a fraction in [0, 1), got 'nan'"),
+    # Python's float() and int() read "1_000" as 1000; a typo, as the plan page refuses it.
+    (["--gpus", "2", "--gpu-memory-gb", "1_000"], "argument --gpu-memory-gb: must be a positive, finite number, got '1_000'"),
+    (["--gpus", "1_6"], "argument --gpus: must be a whole number >= 1, got '1_6'"),
+    (["--gpus", "2", "--headroom", "0.1_0"], "argument --headroom: must be a fraction in [0, 1), got '0.1_0'"),
 ])
 def test_inputs_beyond_a_plans_bounds_are_usage_errors(argv, message, capsys):
     # The bounds are the app's too; unbounded, --gpus 100000000 planned ZeRO-1 for minutes in 11 GB.
