@@ -223,6 +223,17 @@ def test_no_table_breaks_a_word_and_no_page_scrolls_sideways(page: Page, live_se
     assert split == {}
 
 
+def test_on_a_phone_each_decks_study_button_is_in_view(page: Page, live_server: str):
+    # Once the decks table scrolled in its own region at 375 px, Study sat last, past its right edge.
+    page.set_viewport_size({"width": 375, "height": 812})
+    page.goto(live_server + "/")
+    buttons = page.locator("table.decks a.button")
+    assert buttons.count() == 2  # the test bank's decks
+    for i in range(buttons.count()):
+        box = buttons.nth(i).bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 375, buttons.nth(i).inner_text()
+
+
 def test_the_split_word_check_reports_what_it_should(page: Page):
     """The check is live: a word forced to break in a narrow cell is found; words wrapped between them are not."""
     page.set_content('<table style="width: 60px"><tr><td style="overflow-wrap: anywhere">gradients</td>'
