@@ -22,8 +22,9 @@ install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
 # Syncs bank/ into the embedded SQLite database (instance/studyapp.sqlite3) and serves http://127.0.0.1:5000
+# (ARGS go to `studyapp serve`: make run ARGS="--port 5001")
 run: install
-	$(BIN)/studyapp serve
+	$(BIN)/studyapp serve $(ARGS)
 
 # The whole suite. First installs what pip cannot when it is missing (Debian's Chromium and
 # PostgreSQL, with apt-get when run as root; otherwise it says what to install), then runs pytest

@@ -52,7 +52,10 @@ def _create_engine(url: str, **options: Any) -> Engine:
     try:
         return create_engine(url, **options)
     except ImportError as error:
-        raise NoSuchModuleError(f"its driver is not installed ({error})") from error
+        advice = ""
+        if make_url(url).get_backend_name() == "postgresql":  # the one server database the README offers
+            advice = "; install it with `.venv/bin/pip install -e '.[postgres]'` and use a postgresql+psycopg:// URL"
+        raise NoSuchModuleError(f"its driver is not installed ({error}){advice}") from error
 
 
 def make_engine(url: str) -> Engine:

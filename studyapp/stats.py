@@ -324,7 +324,9 @@ class Topic:
 
     @property
     def average_ease(self) -> float | None:
-        return self.easiness_sum / self.reviewed_cards if self.reviewed_cards else None
+        # Rounded past any summation order's last-bit difference: PostgreSQL and SQLite add the same
+        # eases in different orders, and 1.985 shown to two places read 1.99 on one and 1.98 on the other.
+        return round(self.easiness_sum / self.reviewed_cards, 9) if self.reviewed_cards else None
 
     @property
     def lab(self) -> str | None:

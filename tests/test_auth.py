@@ -437,6 +437,42 @@ def test_the_access_log_never_shows_the_token():
     assert os.path.basename(auth.TOKEN_FILE) == auth.TOKEN_FILE
 
 
+def test_the_access_log_writes_each_request_on_its_own_line_however_many_threads_serve():
+    # print() wrote each line and its newline in two writes, so lines from concurrent requests ran together.
+    import threading
+    import time as clock
+
+    from studyapp.cli.serve import AccessLog
+
+    class SlowStream:  # a write that gives up the GIL, as a terminal's or a pipe's can
+        def __init__(self) -> None:
+            self.writes: list[str] = []
+
+        def write(self, text: str) -> None:
+            clock.sleep(0.0005)
+            self.writes.append(text)
+
+        def flush(self) -> None:
+            pass
+
+    stream = SlowStream()
+    logged = AccessLog(lambda environ, start_response: start_response("200 OK", []) or [b""], stream=stream)
+
+    def serve(n: int) -> None:
+        for i in range(25):
+            logged({"REQUEST_METHOD": "GET", "PATH_INFO": f"/t{n}/{i}", "SERVER_PROTOCOL": "HTTP/1.1",
+                    "REMOTE_ADDR": "127.0.0.1"}, lambda *args: None)
+
+    threads = [threading.Thread(target=serve, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    lines = "".join(stream.writes).split("\n")
+    assert lines[-1] == "" and len(lines) == 8 * 25 + 1
+    assert all(line.count('"GET ') == 1 and line.endswith(" 200 -") for line in lines[:-1])
+
+
 def test_an_encoded_token_field_logs_in_and_never_reaches_the_access_log(app, tmp_path):
     from studyapp.cli.serve import AccessLog  # the web app's serve command, no server started
 

@@ -188,6 +188,8 @@ def test_bound_to_all_addresses_every_route_needs_the_printed_token(tmp_path):
         server.stop()
         phone.port = urlsplit(server.start()).port  # a new port
         assert "login required: http://" in server.log() and token not in server.log() and new_token not in server.log()
+        # On a port other than PORT the hint names it: `studyapp token` alone printed a 5000 URL.
+        assert f"(`studyapp token --port {phone.port}` prints the URL with the token)" in server.log()
         assert phone.request("GET", "/")[0] == 200, "sessions outlive a restart"
     finally:
         server.stop()

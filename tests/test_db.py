@@ -134,6 +134,14 @@ def test_a_url_whose_driver_is_not_installed_is_refused_as_the_urls_problem():
         make_engine("mysql+mysqldb://user@localhost/study")
 
 
+@pytest.mark.skipif(importlib.util.find_spec("pg8000") is not None, reason="pg8000 is installed here")
+def test_a_postgresql_url_without_its_driver_says_how_to_install_it():
+    # `make run` installs what SQLite needs; the README's PostgreSQL URL then failed naming no remedy.
+    with pytest.raises(ArgumentError, match=r"No module named 'pg8000'\); install it with "
+                       r"`\.venv/bin/pip install -e '\.\[postgres\]'` and use a postgresql\+psycopg:// URL"):
+        make_engine("postgresql+pg8000://user@localhost/study")
+
+
 def test_a_url_naming_a_file_that_is_not_a_database_is_an_operational_error(tmp_path):
     """What a wrong path is (cli.errors says it in one line), and the file is left as it was."""
     notes = tmp_path / "notes.txt"

@@ -4,6 +4,7 @@ then every SQL aggregate on a hand-built review log (SQLite and PostgreSQL), und
 from __future__ import annotations
 
 import html
+import itertools
 import re
 from datetime import date, datetime, timedelta, timezone
 
@@ -15,7 +16,7 @@ from studyapp import stats
 from studyapp.charts import bar_chart
 from studyapp.db import get_engine
 from studyapp.models import Card, ReviewLog
-from studyapp.stats import KIND_LEARN, KIND_MATURE, KIND_YOUNG, DayRow, Retention
+from studyapp.stats import KIND_LEARN, KIND_MATURE, KIND_YOUNG, DayRow, Retention, Topic
 from studyapp.study import StudySettings, grade
 from studyapp.sync import sync_bank
 
@@ -320,3 +321,15 @@ def test_a_measured_zero_draws_a_stub_and_no_data_draws_nothing():
     rects = re.findall(r'<rect [^>]*height="([\d.]+)" class="([^"]+)"><title>([^<]+)</title>', svg)
     plot_h = 220 - 28 - 36  # the chart's height less its top and bottom margins
     assert rects == [("2.0", "bar zero", "Mar 04: 0"), (f"{plot_h / 2:.1f}", "bar", "Mar 06: 50")]
+
+
+def test_the_average_ease_is_the_same_whatever_order_its_eases_were_added_in():
+    # 2.18 + 1.7 + 2.36 + 1.7 is 7.94 in one order and 7.9399999... in another (PostgreSQL's and
+    # SQLite's), so the mean 1.985 was shown as 1.99 from one database and 1.98 from the other.
+    shown = set()
+    for order in itertools.permutations([2.18, 1.7, 2.36, 1.7]):
+        topic = Topic("tag", "communication", reviewed_cards=4)
+        for ease in order:
+            topic.easiness_sum += ease
+        shown.add(f"{topic.average_ease:.2f}")
+    assert shown == {"1.99"}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ class AccessLog:
     def __init__(self, app: Callable, stream=None):
         self.app = app
         self.stream = stream
+        self._lock = threading.Lock()
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         status = ["-"]
@@ -63,7 +65,10 @@ class AccessLog:
             request_line = f"{environ.get('REQUEST_METHOD')} {target} {environ.get('SERVER_PROTOCOL')}"
             when = time.strftime("%d/%b/%Y %H:%M:%S")
             line = f'{environ.get("REMOTE_ADDR", "-")} - - [{when}] "{auth.redact(request_line)}" {status[0]} -'
-            print(line, file=self.stream or sys.stderr, flush=True)
+            stream = self.stream or sys.stderr
+            with self._lock:  # print() writes the line and its newline apart: threads' lines ran together
+                stream.write(line + "\n")
+                stream.flush()
 
 
 @dataclass
@@ -143,5 +148,7 @@ def serve_command(host: str | None, port: int | None, debug: bool) -> None:
             click.echo(auth.login_line(host, server.port, token, addresses))
         else:
             where = ", ".join(auth.login_url(a, server.port) for a in addresses) or f"port {server.port}"
-            click.echo(f"login required: {where} (`studyapp token` prints the URL with the token)")
+            # `token` builds its URL on PORT: on any other port the hint must say which, or its link fails.
+            hint = "studyapp token" + (f" --port {server.port}" if server.port != app.config["PORT"] else "")
+            click.echo(f"login required: {where} (`{hint}` prints the URL with the token)")
     server.serve_forever()
