@@ -93,3 +93,12 @@ def test_the_committed_lab_results_carry_todays_at_scale_lines():
     committed = json.loads((Path(__file__).parents[1] / "exports" / "lab-results.json").read_text(encoding="utf-8"))
     stale = [lab_id for lab_id, result in committed.items() if result.get("at_scale") != at_scale_line(get_lab(lab_id))]
     assert stale == [], f"stale at-scale lines in exports/lab-results.json: {stale}"
+
+
+def test_the_line_says_where_its_figures_hold():
+    # Every claim says where it holds: these are planned (not measured) for PyTorch's implementations,
+    # and a configuration not marked bf16 is fp32 (the lines marked only the bf16 ones).
+    line = at_scale_line(get_lab("fsdp2-mixed-precision"))
+    assert "PyTorch's implementations, planned, not measured" in line
+    assert "fp32 unless marked bf16" in line and "torch.optim.Adam" in line
+    assert "zero3 (bf16) " in line and "zero3 " in line

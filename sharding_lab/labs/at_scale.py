@@ -158,7 +158,8 @@ def at_scale_line(lab: Lab) -> str:
                          f"{f.sent_bytes_per_step / GB:.1f} GB sent")
         lines.append(f"{scale.label}: " + "; ".join(parts) + ".")
     return (
-        "At scale (peak per GPU from the FSDP2 simulation where marked simulated, else the analytic planner; "
-        "fits = within 90% of the GPU; sent = wire bytes per GPU per optimizer step, derived from ring "
-        "formulas): " + " ".join(lines)
+        "At scale (PyTorch's implementations, planned, not measured: peak per GPU from the FSDP2 simulation "
+        "where marked simulated, else the analytic planner; fp32 unless marked bf16, which is bf16 compute "
+        "with fp32 master copies and reductions; torch.optim.Adam; fits = within 90% of the GPU; sent = wire bytes per "
+        "GPU per optimizer step, derived from ring formulas): " + " ".join(lines)
     )

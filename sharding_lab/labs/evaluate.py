@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from sharding_lab import atomic_write
@@ -104,25 +105,55 @@ def _is_name(value: object) -> bool:
     return (isinstance(value, str) and value != "") or type(value) is int
 
 
+@dataclass(frozen=True)
+class MeasuredRun:
+    """What one measured configuration's figures are true of, as `where_it_holds` words it."""
+
+    model: str  # e.g. "tiny", "mini with n_embd=256"
+    parameters: int
+    ranks: str  # the backend of real ranks ("gloo", "nccl"), or "rank view"
+    world_size: int
+    mixed_precision: bool
+
+
 def where_it_holds(measurements: Measurements) -> str:
     """One sentence on what the finding's numbers are true of: the implementation, the models, the
     dtypes and the ranks they were measured on."""
     configs = [m.config for m in measurements.values()]
-    groups: dict[tuple, list[str]] = {}
-    for c in configs:
-        ranks = (
-            f"a rank view of {c.world_size} ranks" if c.placement == "rank-view"
-            else f"{c.world_size} {c.backend} rank{'s' if c.world_size > 1 else ''}"
-        )
-        dtype = "bf16 mixed precision" if c.mixed_precision else "fp32"
-        model = (model_label(c.size, c.model), c.num_params)
-        groups.setdefault(model, [])
-        if (text := f"{ranks}, {dtype}") not in groups[model]:
-            groups[model].append(text)
-    where = "; ".join(
-        f"the {label} model ({psi:,} parameters) on {' and '.join(runs)}" for (label, psi), runs in groups.items()
-    )
-    return f"(Measured with PyTorch {configs[0].torch_version}'s implementations on {configs[0].device}: {where}.)"
+    runs = [
+        MeasuredRun(model_label(c.size, c.model), c.num_params, "rank view" if c.placement == "rank-view" else c.backend,
+                    c.world_size, c.mixed_precision)
+        for c in configs
+    ]
+    return f"(Measured with PyTorch {configs[0].torch_version}'s implementations on {configs[0].device}: {where_phrase(runs)}.)"
+
+
+def where_phrase(runs: Iterable[MeasuredRun]) -> str:
+    """The models, ranks and dtypes of `runs`, each said once: "the tiny model (60,096 parameters) on
+    1, 2 and 4 gloo ranks, fp32", or "on 2 gloo ranks, fp32 and bf16 mixed precision"."""
+    by_model: dict[tuple[str, int], dict[str, dict[str, set[int]]]] = {}
+    for run in runs:
+        dtype = "bf16 mixed precision" if run.mixed_precision else "fp32"
+        ranks = by_model.setdefault((run.model, run.parameters), {}).setdefault(dtype, {})
+        ranks.setdefault(run.ranks, set()).add(run.world_size)
+    parts = []
+    for (model, parameters), dtypes in by_model.items():
+        placed = {dtype: " and ".join(_ranks_phrase(kind, sizes) for kind, sizes in ranks.items())
+                  for dtype, ranks in dtypes.items()}
+        if len(set(placed.values())) == 1:  # every dtype on the same ranks
+            on = f"{next(iter(placed.values()))}, {' and '.join(placed)}"
+        else:
+            on = " and ".join(f"{ranks} ({dtype})" for dtype, ranks in placed.items())
+        parts.append(f"the {model} model ({parameters:,} parameters) on {on}")
+    return "; ".join(parts)
+
+
+def _ranks_phrase(kind: str, world_sizes: set[int]) -> str:
+    sizes = sorted(world_sizes)
+    listed = ", ".join(map(str, sizes[:-1])) + " and " + str(sizes[-1]) if len(sizes) > 1 else str(sizes[0])
+    if kind == "rank view":
+        return f"a rank view of {listed} ranks" if len(sizes) == 1 else f"rank views of {listed} ranks"
+    return f"{listed} {kind} rank{'' if sizes == [1] else 's'}"
 
 
 def _assess(lab: Lab, measurements: Measurements) -> tuple[Verdict, Report]:
