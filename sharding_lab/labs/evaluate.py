@@ -186,7 +186,7 @@ def summarize(run: Mapping) -> dict:
 
 def write_summaries(runs: Iterable[Mapping], path: Path) -> None:
     """Write {lab id: summarize(run)} to `path` (exports/lab-results.json), formatted as the Anki
-    export writes it, so a rebuild of the decks leaves the file's layout unchanged."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    export writes it, so a rebuild of the decks leaves the file's layout unchanged. Its folder must exist
+    (`run --export` refuses a missing one before any lab runs)."""
     summaries = {run["lab"]: summarize(run) for run in runs}
     atomic_write.write_text(path, json.dumps(summaries, indent=1, sort_keys=True) + "\n")
