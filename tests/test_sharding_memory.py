@@ -256,3 +256,29 @@ def test_a_configuration_that_outlives_itself_fails_loudly():
     ctx = RankContext(0, 1, 0, "gloo", torch.device("cpu"), None)
     with pytest.raises(RuntimeError, match="GPT still alive after the configuration ended"):
         _check_released(ctx, RunConfig.of("ddp"), CudaBaseline(), [weakref.ref(kept)])
+
+
+@pytest.mark.parametrize("created_in", [torch.float32, torch.bfloat16])
+def test_fsdp2_mixed_precision_keeps_shards_and_adam_state_in_the_dtype_the_model_was_created_in(tmp_path, created_in):
+    """What the bank says of MixedPrecisionPolicy (zero-adam-state, beyond-fsdp2-mixed-precision): it sets
+    the compute and reduction dtypes only; the shards, the master weights, stay as created, and Adam's
+    moments follow them. So 4/4/8 bytes per parameter holds for a model created in fp32, not one in bf16."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)).to(created_in)
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for layer in model:
+            fully_shard(layer, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        optimizer = torch.optim.Adam(model.parameters())
+        model(torch.ones(4, 8, dtype=created_in)).sum().backward()
+        optimizer.step()
+        for parameter in model.parameters():
+            assert parameter.to_local().dtype == created_in and parameter.grad.to_local().dtype == created_in
+            state = optimizer.state[parameter]
+            assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == created_in
+    finally:
+        dist.destroy_process_group()
