@@ -5,8 +5,9 @@ A reproduction of the formulas in deepspeedai/DeepSpeed:
   which takes the largest layer as the module with the most parameters of its own),
 - `deepspeed/runtime/zero/stage_1_and_2.py`: `estimate_zero2_model_states_mem_needs`,
 read at commit edaa7221267243c7be7fb49c5d5f5c4fb97b4641. Their `..._all_cold` functions print these
-figures divided by 2**30 with the label "GB" (so GiB). They count model states by DeepSpeed's own byte
-counts (2 + 18/N per parameter at stage 2, with an fp32 gradient partition; 18/N at stage 3), plus, at
+figures divided by 2**30 with the label "GB" (so GiB). They count model states of mixed-precision Adam by
+DeepSpeed's own byte counts (2 + 18/N per parameter at stage 2, with an fp32 gradient partition; 18/N at
+stage 3), whatever the precision of the plan they are shown beside, plus, at
 stage 3, a buffer of the largest layer: no activations, no temporaries, no batch or sequence.
 """
 
@@ -17,6 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 SOURCE = "deepspeedai/DeepSpeed deepspeed/runtime/zero/stage3.py and stage_1_and_2.py (reproduced formula)"
+# Its byte counts are for DeepSpeed's mixed-precision Adam, whatever precision the plan beside it is for:
+# beside an fp32 plan the gap is not all activations.
+ASSUMES = "mixed-precision Adam (fp16 or bf16 parameters and gradients, fp32 master parameters and Adam state)"
+LEAVES_OUT = "activations, temporaries, communication buckets and the CUDA context"
 
 
 def estimate_zero3_model_states_mem_needs(
@@ -95,6 +100,8 @@ class DeepSpeedEstimate:
     counts: str  # what the GPU figure counts, for this stage and offload
     # DeepSpeed's host figure is per node: this one is for a single node holding all N GPUs.
     cpu_bytes_means: str = "host memory of one node holding all N GPUs (DeepSpeed's formula is per node)"
+    assumes: str = ASSUMES
+    leaves_out: str = LEAVES_OUT
     source: str = SOURCE
 
 
@@ -117,7 +124,7 @@ def deepspeed_estimate(
     `gpus_are` says which GPUs those N are, for the description."""
     if stage not in (2, 3):
         raise ValueError(f"DeepSpeed publishes estimators for ZeRO stages 2 and 3, not {stage}")
-    counts = f"{_COUNTS[stage, cpu_offload]}; N = {gpus}, {gpus_are}; no activations"
+    counts = f"{_COUNTS[stage, cpu_offload]}; N = {gpus}, {gpus_are}"
     if stage == 3:
         cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
             total_params, largest_layer, num_gpus_per_node=gpus, cpu_offload=cpu_offload,

@@ -27,7 +27,7 @@ from sharding_lab.cli_args import positive_int
 from sharding_lab.model_config import config_for
 from sharding_lab.model_config import num_params as num_params_of
 from sharding_lab.planner import BOUNDS
-from sharding_lab.strategies import MODEL_STATE_PARTS, STRATEGIES
+from sharding_lab.strategies import MODEL_STATE_PARTS, STRATEGIES, Strategy
 
 GB = 10**9  # the ZeRO paper's GB: 7.5B params x 16 B = 120 GB
 # --simulate's sequence unless --seq says otherwise (or the model's block_size, when shorter): short
@@ -44,9 +44,26 @@ PAPER_STAGE_NAMES: dict[str, str] = {str(s): s.paper_name for s in STRATEGIES}
 # implementation) issues others, Strategy.collective_differences says how. Only a measurement gives their
 # figures: they depend on the model's tensors (zero1's broadcast per parameter, zero3's root unit), which a
 # parameter count lacks.
-PYTORCH_COMM_ACCOUNTING = ("the ZeRO paper's collectives, derived at PyTorch's mixed-precision dtypes: bf16 "
-                           "all-gathers, fp32 reductions (fp32 throughout for ddp and zero1, as DDP moves them)")
+PYTORCH_COMM_ACCOUNTING = ("the ZeRO paper's collectives, derived in the dtypes PyTorch moves under mixed "
+                           "precision as the engine configures it")
 MEASURED_COMM_HINT = "`sharding-lab measure` and `compare` give the engine's collectives, measured"
+# Why each strategy's collectives move the dtypes they do, read from torch 2.13's sources: DDP's mixed
+# precision (nn/parallel/distributed.py, ddp_comm_hooks/mixed_precision_hooks.py) makes its bf16 copies on
+# each rank and casts the gradient buckets to reduce_dtype before the all-reduce; ZeroRedundancyOptimizer
+# (distributed/optim/zero_redundancy_optimizer.py) broadcasts `param.data`, fp32 again after DDP's backward.
+_FSDP2_DTYPES_WHY = ("FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), as the engine sets it, "
+                     "all-gathers bf16 copies of the fp32 parameter shards and reduce-scatters fp32 gradients")
+PYTORCH_DTYPES_WHY: dict[Strategy, str] = {
+    Strategy.DDP: ("DDP's mixed precision (the engine's _MixedPrecision(param_dtype=bf16, reduce_dtype=fp32), "
+                   "private in torch) casts each rank's whole fp32 parameters to bf16 locally, so no collective of the "
+                   "step moves parameters, and all-reduces the gradients in fp32"),
+    Strategy.ZERO1: ("its gradients go through DDP's fp32 all-reduce, as ddp's do, and ZeroRedundancyOptimizer has "
+                     "no mixed precision of its own: it broadcasts each updated parameter in its dtype, fp32; so "
+                     "the paper's reduce-scatter and all-gather are both counted in fp32"),
+    Strategy.ZERO2: _FSDP2_DTYPES_WHY,
+    Strategy.ZERO3: _FSDP2_DTYPES_WHY,
+}
+_DTYPE_OF_ELEMENT_BYTES = {2: "bf16", 4: "fp32"}
 
 _SUFFIXES = {"": 1, "K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
 
@@ -78,8 +95,10 @@ def analytic_report(num_params: int, world_size: int, *, mixed_precision: bool =
 
     With mixed precision, `communication_per_step` is the paper's (fp16 on the wire throughout) and
     `communication_per_step_pytorch` the paper's collectives in the dtypes PyTorch's mixed precision
-    moves (bf16 all-gathers, fp32 reductions: FSDP2's MixedPrecisionPolicy as the engine sets it, and
-    DDP's), with `engine_differs` where the engine's collectives are not the paper's (zero1, zero2, zero3).
+    moves as the engine sets it (FSDP2, zero2 and zero3: bf16 all-gathers, fp32 reduce-scatters; DDP and
+    ZeroRedundancyOptimizer, ddp and zero1: fp32 throughout), each collective's `dtype` and the
+    `accounting` saying which and why, with `engine_differs` where the engine's collectives are not the
+    paper's (zero1, zero2, zero3).
     """
     per_param = bytes_per_param(mixed_precision=mixed_precision)
     wire = PAPER_MIXED_PRECISION_WIRE if mixed_precision else {"gather": 4, "reduce": 4}
@@ -100,7 +119,10 @@ def analytic_report(num_params: int, world_size: int, *, mixed_precision: bool =
                 num_params, world_size, strategy,
                 gather_bytes_per_element=pytorch["gather"], reduce_bytes_per_element=pytorch["reduce"],
             )
-            comm["accounting"] = PYTORCH_COMM_ACCOUNTING
+            for collective in comm["collectives"]:
+                collective["dtype"] = _DTYPE_OF_ELEMENT_BYTES[collective["bytes"] // collective["elements"]]
+            comm["dtypes"] = _dtypes_label(comm["collectives"])
+            comm["accounting"] = f"{PYTORCH_COMM_ACCOUNTING} ({comm['dtypes']}): {PYTORCH_DTYPES_WHY[strategy]}"
             if strategy.collective_differences:
                 comm["engine_differs"] = f"{strategy.collective_differences} {MEASURED_COMM_HINT}."
             figures["communication_per_step_pytorch"] = comm
@@ -112,6 +134,18 @@ def analytic_report(num_params: int, world_size: int, *, mixed_precision: bool =
         "bytes_per_param": per_param,
         "strategies": strategies,
     }
+
+
+def _dtypes_label(collectives: list[dict]) -> str:
+    """The collectives' ops and dtypes in order, a repeat counted: "all_gather bf16 x2, reduce_scatter fp32"."""
+    runs: list[list] = []
+    for collective in collectives:
+        label = f"{collective['op']} {collective['dtype']}"
+        if runs and runs[-1][0] == label:
+            runs[-1][1] += 1
+        else:
+            runs.append([label, 1])
+    return ", ".join(label + (f" x{count}" if count > 1 else "") for label, count in runs)
 
 
 def table1() -> list[dict]:
@@ -184,21 +218,29 @@ def _render_analytic(report: dict, console) -> None:
         )
     console.print(table)
     if report["mixed_precision"]:
-        pytorch = Table(title="The ZeRO paper's communication per step in PyTorch's mixed-precision dtypes "
-                        "(bf16 gathers, fp32 reductions; derived)")
-        for column in ("strategy", "comm/step", "wire"):
-            pytorch.add_column(column, justify="left" if column == "strategy" else "right")
+        pytorch = Table(title="The ZeRO paper's communication per step in the dtypes PyTorch moves under "
+                        "mixed precision, per strategy (derived)")
+        for column in ("strategy", "comm/step", "wire", "dtypes (PyTorch's)"):
+            pytorch.add_column(column, justify="right" if column in ("comm/step", "wire") else "left")
         for strategy, figures in report["strategies"].items():
             comm = figures["communication_per_step_pytorch"]
-            pytorch.add_row(strategy, format_bytes(comm["bytes"]), format_bytes(comm["wire_bytes"]))
+            pytorch.add_row(strategy, format_bytes(comm["bytes"]), format_bytes(comm["wire_bytes"]), comm["dtypes"])
         console.print(pytorch)
+        # One reason per family, naming the strategies it holds for ("zero2, zero3: FSDP2's ...").
+        reasons: dict[str, list[str]] = {}
+        for strategy in STRATEGIES:
+            reasons.setdefault(PYTORCH_DTYPES_WHY[strategy], []).append(str(strategy))
+        why = "; ".join(f"{', '.join(names)}: {reason}" for reason, names in reasons.items())
+        console.print(f"Why these dtypes (PyTorch's implementation as the engine configures it; with reduce_dtype "
+                      f"unset, DDP and FSDP2 would reduce in bf16): {why}.")
         differ = " ".join(f"{s}: {s.collective_differences}" for s in STRATEGIES if s.collective_differences)
         console.print(f"These are the paper's collectives, not all the engine's. {differ} {MEASURED_COMM_HINT}.")
         console.print(
-            "With mixed precision the paper moves fp16 throughout; PyTorch (FSDP2's MixedPrecisionPolicy "
-            "with bf16 parameters and fp32 reduction, as the engine sets it; DDP's likewise) all-gathers bf16 "
-            "but reduces fp32 gradients, and keeps fp32 sharded parameters, gradients and 8-byte Adam state "
-            "(4/4/8 bytes per parameter against the paper's 2/2/12)."
+            "With mixed precision the paper moves fp16 throughout and keeps 2/2/12 bytes per parameter (the "
+            "first table). PyTorch keeps fp32 parameters, gradients and Adam state, 4/4/8 bytes, and computes "
+            "with bf16 copies: FSDP2 (zero2, zero3) shards all three between steps and all-gathers the copies; "
+            "DDP (ddp, zero1) keeps whole fp32 parameters and gradients on every rank and makes its copies "
+            "locally, gathering nothing; ZeroRedundancyOptimizer (zero1) shards Adam's state only."
         )
     console.print(
         "GB = 1e9 B, as the paper's. comm/step: the paper's volume per rank, 2Ψ elements for ddp, zero1, zero2 "

@@ -219,8 +219,9 @@ def _deepspeed_json(estimate: DeepSpeedEstimate | None) -> dict | None:
     if estimate is None:
         return None
     return {"stage": estimate.stage, "gpu_bytes": estimate.gpu_bytes, "cpu_bytes": estimate.cpu_bytes,
-            "cpu_bytes_means": estimate.cpu_bytes_means,
-            "options": estimate.options, "counts": estimate.counts, "source": estimate.source}
+            "cpu_bytes_means": estimate.cpu_bytes_means, "options": estimate.options,
+            "assumes": estimate.assumes, "counts": estimate.counts, "leaves_out": estimate.leaves_out,
+            "source": estimate.source}
 
 
 def _report_json(results) -> dict:
@@ -291,8 +292,11 @@ def _side_by_side(console, Table, results):
         summary.add_row("peak GB, simulated", *(_gb_figure(plan.peak.total) if plan else "-" for plan in simulated))
     summary.add_row("fits", *("yes" if plan.fits else "NO" for plan in analytic))
     summary.add_row("largest micro-batch that fits", *(plan.largest_micro_batch_label for plan in analytic))
-    # DeepSpeed's figure in decimal GB, as the peak (DeepSpeed prints GiB as "GB").
-    summary.add_row("DeepSpeed formula GB", *(_gb_figure(d.gpu_bytes) if d else "-" for d in deepspeed))
+    # DeepSpeed's figure in decimal GB, as the peak (DeepSpeed prints GiB as "GB"). Its label says what the
+    # formula is, so that beside an fp32 peak the gap does not read as activations; broken where it is so
+    # that no line of it is wider than "largest micro-batch that fits" (fit_words keeps each line whole).
+    summary.add_row("DeepSpeed formula GB (mixed\nprecision, model states only)",
+                    *(_gb_figure(d.gpu_bytes) if d else "-" for d in deepspeed))
     # The logical bytes at the API, summed: not `estimate`'s comm/step, the paper's volume, which counts an
     # all-reduce twice.
     summary.add_row("logical bytes per step",
@@ -320,7 +324,7 @@ def _render_strategy(console, Table, analytic: Plan, simulated: Plan | None, una
     table.add_row("largest micro-batch that fits", analytic.largest_micro_batch_label, "-")
     if deepspeed:
         # In GiB first, as DeepSpeed prints it (its "GB" is 2**30 bytes), so the figure reads as its own.
-        table.add_row(f"DeepSpeed ZeRO-{deepspeed.stage} formula",
+        table.add_row(f"DeepSpeed ZeRO-{deepspeed.stage} formula (mixed precision, model states only)",
                       f"{deepspeed.gpu_bytes / 2**30:.2f} GiB ({deepspeed.gpu_bytes / GB:.2f} GB)", "",
                       style="dim")
     console.print(table)
@@ -348,7 +352,11 @@ def _render_strategy(console, Table, analytic: Plan, simulated: Plan | None, una
     if simulated:
         console.print(f"  [dim]simulation leaves out: {'; '.join(simulated.leaves_out)}.[/dim]")
     if deepspeed:
-        console.print(f"  [dim]DeepSpeed's formula ({deepspeed.options}) counts {deepspeed.counts}; "
+        # Under --mixed-precision the plan is FSDP2's, which keeps fp32 shards: DeepSpeed's bytes are not its.
+        precision = ("as this plan's is, but FSDP2's keeps fp32 parameters and gradients (4/4/8 B per parameter)"
+                     if request.mixed_precision else "not this plan's fp32")
+        console.print(f"  [dim]DeepSpeed's formula ({deepspeed.options}) assumes {deepspeed.assumes}, {precision}; "
+                      f"it counts {deepspeed.counts}; it leaves out {deepspeed.leaves_out}; "
                       f"{deepspeed.source}.[/dim]")
 
 

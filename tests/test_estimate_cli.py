@@ -116,9 +116,9 @@ def test_pytorch_communication_table_is_the_papers_with_the_engines_differences_
     assert run_estimate_cli(["--params", "60096", "--world-size", "2", "--mixed-precision"]) == 0
     out = " ".join(capsys.readouterr().out.split())  # rich wraps at 80 columns
     assert "as the engine runs it" not in out
-    assert ("The ZeRO paper's communication per step in PyTorch's mixed-precision dtypes "
-            "(bf16 gathers, fp32 reductions; derived)") in out
-    assert "│ zero1 │ 480.8 kB │ 240.4 kB │" in out
+    assert ("The ZeRO paper's communication per step in the dtypes PyTorch moves under mixed precision, "
+            "per strategy (derived)") in out
+    assert "│ zero1 │ 480.8 kB │ 240.4 kB │ reduce_scatter fp32, all_gather fp32 │" in out
     assert "These are the paper's collectives, not all the engine's." in out
     assert ("zero1: It all-reduces the gradients through DDP (2Ψ) and then broadcasts each updated parameter "
             "from its owner (Ψ)") in out
@@ -257,3 +257,66 @@ def test_json_from_the_sharding_lab_cli_is_one_object():
     )
     report = json.loads(completed.stdout)
     assert report["strategies"]["zero3"]["model_states_bytes_per_rank"]["total"] == 16 * 128_000_000_000 // 1024
+
+
+def _pytorch_rows(out: str) -> dict[str, list[str]]:
+    """The PyTorch-dtype table's rows (the second table): strategy -> its other cells."""
+    second = out[out.index("┃ strategy", out.index("┃ strategy") + 1):]
+    rows = {}
+    for line in second.splitlines():
+        if line.startswith("└"):
+            break
+        if line.startswith("│"):
+            strategy, *cells = [cell.strip() for cell in line.split("│")][1:-1]
+            rows[strategy] = cells
+    return rows
+
+
+def test_the_pytorch_table_says_each_strategys_dtypes_and_why(capsys, monkeypatch):
+    # 7.5B at N = 64, worked out by hand in the dtypes each PyTorch strategy moves under the engine's mixed
+    # precision. ddp: an fp32 all-reduce of 2Ψ elements (the paper's count), 8 B x 7.5e9 = 60 GB, on the wire
+    # 2 x 63/64 x 30 GB = 59.06 GB. zero1: DDP's fp32 all-reduce and ZeroRedundancyOptimizer's fp32 broadcasts
+    # stand for the paper's reduce-scatter and all-gather, so both fp32: 30 + 30 = 60 GB, 63/64 x 60 = 59.06 GB.
+    # zero2 (FSDP2): fp32 reduce-scatter 30 GB + bf16 all-gather 15 GB = 45 GB, 63/64 x 45 = 44.3 GB.
+    # zero3: two bf16 all-gathers (15 + 15) and an fp32 reduce-scatter (30) = 60 GB, 59.06 GB on the wire.
+    monkeypatch.setenv("COLUMNS", "200")
+    assert run_estimate_cli(["--params", "7.5B", "--world-size", "64", "--mixed-precision"]) == 0
+    out = capsys.readouterr().out
+    assert _pytorch_rows(out) == {
+        "ddp": ["60 GB", "59.06 GB", "all_reduce fp32"],
+        "zero1": ["60 GB", "59.06 GB", "reduce_scatter fp32, all_gather fp32"],
+        "zero2": ["45 GB", "44.3 GB", "reduce_scatter fp32, all_gather bf16"],
+        "zero3": ["60 GB", "59.06 GB", "all_gather bf16 x2, reduce_scatter fp32"],
+    }
+    text = " ".join(out.split())
+    assert "bf16 gathers, fp32 reductions" not in text  # the title no longer claims bf16 gathers for all four
+    # Why, per strategy, as torch's sources have it: DDP makes its bf16 copies locally and all-reduces fp32;
+    # ZeroRedundancyOptimizer has no mixed precision and broadcasts fp32 parameters; FSDP2 gathers bf16.
+    assert "casts each rank's whole fp32 parameters to bf16 locally" in text
+    assert "ZeroRedundancyOptimizer has no mixed precision of its own" in text
+    assert "broadcasts each updated parameter in its dtype, fp32" in text
+    assert "all-gathers bf16 copies of the fp32 parameter shards and reduce-scatters fp32 gradients" in text
+    # DDP neither all-gathers nor shards: the memory note says what it keeps.
+    assert "DDP's likewise" not in text
+    assert "DDP (ddp, zero1) keeps whole fp32 parameters and gradients on every rank" in text
+
+
+def test_the_pytorch_table_reads_whole_in_80_columns(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    assert run_estimate_cli(["--params", "7.5B", "--world-size", "64", "--mixed-precision"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80 and "…" not in out
+    assert _pytorch_rows(out)["zero1"][:2] == ["60 GB", "59.06 GB"]
+
+
+def test_the_json_gives_each_pytorch_collectives_dtype(capsys):
+    # Ψ = 1000 at N = 4: zero1's two collectives move 4 B x 1000 each (fp32), zero3's all-gathers 2 B x 1000.
+    report = estimate_json(["--params", "1000", "--world-size", "4", "--mixed-precision"], capsys)
+    pytorch = {s: f["communication_per_step_pytorch"] for s, f in report["strategies"].items()}
+    assert [(c["op"], c["dtype"], c["bytes"]) for c in pytorch["zero1"]["collectives"]] == [
+        ("reduce_scatter", "fp32", 4000), ("all_gather", "fp32", 4000)]
+    assert [(c["op"], c["dtype"], c["bytes"]) for c in pytorch["zero3"]["collectives"]] == [
+        ("all_gather", "bf16", 2000), ("all_gather", "bf16", 2000), ("reduce_scatter", "fp32", 4000)]
+    assert pytorch["ddp"]["dtypes"] == "all_reduce fp32"
+    assert "ZeroRedundancyOptimizer" in pytorch["zero1"]["accounting"]
+    assert "MixedPrecisionPolicy" in pytorch["zero2"]["accounting"]

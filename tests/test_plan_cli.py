@@ -77,7 +77,8 @@ SIDE_BY_SIDE = [
           "│ peak GB                       │     1,133 │   0.00164 │",
           "│ fits                          │        NO │       yes │",
           "│ largest micro-batch that fits │      none │        12 │",
-          "│ DeepSpeed formula GB          │         - │       149 │",
+          "│ DeepSpeed formula GB (mixed   │         - │       149 │",
+          "│ precision, model states only) │           │           │",
           "│ logical bytes per step        │ 243.2 GiB │ 726.4 GiB │",
           "│ wire bytes per step (derived) │ 425.6 GiB │ 635.6 GiB │"]),
     (200, ["│ peak GB                       │     1,133 │   0.00164 │"]),
@@ -393,3 +394,41 @@ def test_padding_that_makes_up_much_of_a_peak_is_said(capsys):
     assert "PyTorch's implementation, not the ZeRO paper's" in peak["padding"]
     code, out, _ = run(["--size", "70b", "--gpus", "1024", "--strategy", "zero3"], capsys)
     assert "padding (" not in out  # 0.06% of the peak there
+
+
+def test_the_deepspeed_row_says_it_assumes_mixed_precision_beside_an_fp32_plan(capsys, monkeypatch):
+    # 7b (Ψ = 6,864,642,048; its largest layer 206,045,184) on 64 GPUs, fp32. DeepSpeed's formulas assume
+    # mixed-precision Adam whatever the plan's precision: ZeRO-2 2Ψ + 18Ψ/64 = 13,729,284,096 + 1,930,680,576
+    # = 15.66 GB, ZeRO-3 18Ψ/64 + 4 x 206,045,184 = 2.75 GB, model states only. Labelled so, beside fp32
+    # peaks, the gap does not read as activations.
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, _ = run(["--size", "7b", "--gpus", "64", "--strategy", "all"], capsys)
+    assert code == 0
+    lines = side_by_side_lines(out)
+    at = next(i for i, (label, *_) in enumerate(lines) if label.startswith("DeepSpeed formula GB"))
+    assert lines[at] == ["DeepSpeed formula GB (mixed", "-", "-", "15.7", "2.75"]
+    assert lines[at + 1] == ["precision, model states only)", "", "", "", ""]
+    summary = out[out.index("Side by side"):out.index("GB = 1e9 bytes")].splitlines()
+    assert max(len(line) for line in summary) <= 80 and not any("…" in line for line in summary)
+    # Each strategy's own table and footnote say it too, and what the formula leaves out (at 200 columns,
+    # where no cell wraps).
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, _ = run(["--size", "7b", "--gpus", "64", "--strategy", "all"], capsys)
+    text = " ".join(out.split())
+    assert text.count("│ DeepSpeed ZeRO-2 formula (mixed precision, model states only) │ 14.58 GiB (15.66 GB) │") == 1
+    assert text.count("│ DeepSpeed ZeRO-3 formula (mixed precision, model states only) │ 2.57 GiB (2.75 GB) │") == 1
+    assert text.count(") assumes mixed-precision Adam (fp16 or bf16 parameters and gradients, fp32 master "
+                      "parameters and Adam state), not this plan's fp32") == 2
+    assert text.count("it leaves out activations, temporaries, communication buckets and the CUDA context") == 2
+    code, out, _ = run(["--size", "7b", "--gpus", "64", "--strategy", "zero3", "--mixed-precision"], capsys)
+    assert ("assumes mixed-precision Adam (fp16 or bf16 parameters and gradients, fp32 master parameters and Adam "
+            "state), as this plan's is, but FSDP2's keeps fp32 parameters and gradients (4/4/8 B per parameter)"
+            ) in " ".join(out.split())
+
+
+def test_the_deepspeed_json_says_what_the_formula_assumes(capsys):
+    code, out, _ = run(["--size", "7b", "--gpus", "64", "--strategy", "zero3", "--json"], capsys)
+    assert code == 0
+    deepspeed = json.loads(out)["strategies"]["zero3"]["deepspeed"]
+    assert deepspeed["gpu_bytes"] == 2_754_861_312  # 18 x 6,864,642,048 // 64 + 4 x 206,045,184
+    assert deepspeed["assumes"].startswith("mixed-precision Adam (fp16 or bf16 parameters and gradients")
