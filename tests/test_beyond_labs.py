@@ -342,12 +342,29 @@ def test_reduce_scattering_each_backward_holds_one_units_unsharded_gradient_besi
     # tiny's largest unit is a block (the root is lighter); its fp32 gradient is its parameters' bytes.
     largest = max(gathered.values())
     assert largest == gathered["blocks.0"] > gathered["root"]
-    assert rank0["category_peaks"]["grads"] == largest + rank0["grads_bytes"]  # measured, to the byte
+    # Measured, to the byte: the most gradient bytes alive at one moment is the blocks' shards beside the
+    # root's whole unsharded gradient, just before the root's reduce-scatter, the step's last (its
+    # embedding's gradient arrives last). Each category's own maximum, added up, gave largest + every shard.
+    root_shard = gathered["root"] // 2  # N = 2
+    assert rank0["category_peaks"]["grads"] == rank0["grads_bytes"] - root_shard + gathered["root"] == 138_752
+    assert rank0["category_peaks"]["grads"] < largest + rank0["grads_bytes"]
     rank0["category_peaks"]["grads"] += gathered["blocks.0"]  # a second unit's gradient kept as well
     verdict = LABS["grad-accumulation-no-sync"].check(from_json(raw))
     assert not verdict.holds
     assert any(r.startswith("NOT between micro-batches") and f"the largest unit's {largest:,} B" in r
                for r in verdict.reasons)
+
+
+@pytest_slow
+def test_accumulating_without_sync_holds_the_full_4psi_of_gradients_at_once(measured):
+    # tiny: Ψ = 60,096, so every unit's unsharded fp32 gradient together is 4Ψ = 240,384 B; held between
+    # micro-batches, and the most ever alive at once: each shard of the last backward replaces an unsharded
+    # gradient. (Adding the unsharded and sharded gradients' own maxima had read 360,576 B.)
+    raw = as_json(lab_measurements(measured, "grad-accumulation-no-sync"))
+    assert [rank["category_peaks"]["grads"] for rank in raw[ACCUMULATED]["memory"]["per_rank"]] == [240_384] * WORLD_SIZE
+    run = evaluate(LABS["grad-accumulation-no-sync"], WORLD_SIZE, LABS["grad-accumulation-no-sync"].runs(WORLD_SIZE),
+                   from_json(raw))
+    assert "the gradients peaked at 234.8 KiB (the full 4Ψ: every unit's unsharded gradient at once)" in run["finding"]
 
 
 @pytest_slow

@@ -386,6 +386,57 @@ def test_prefetch_cost_reads_the_rank_that_held_least(measured):
     assert f"memory: {on - true_off - root:,} B more" in "".join(verdict.reasons) and block > on - true_off - root
 
 
+# tiny: Ψ = 60,096 parameters, so 4Ψ = 240,384 B of fp32 parameters or gradients.
+TINY_FP32_BYTES = 4 * 60_096
+
+
+def test_the_ddp_bucket_text_says_a_bucket_closes_at_its_cap_and_can_pass_it(measured):
+    # A bucket closes once it reaches its cap, so it can be bigger: ddp-gradient-buckets measured buckets of
+    # 4,194,304 / 26,323,968 / 9,528,320 B against caps of 1 and 25 MiB. "Holds 1 MiB, later ones up to 25" was wrong.
+    finding = LABS["communication-volume"].report(lab_measurements(measured, "communication-volume")).finding
+    assert ("issued 1 all-reduce(s) for 234.8 KiB of gradients: one per bucket. PyTorch's DDP closes its first "
+            "bucket once it holds 1.0 MiB of gradients and each later one once it holds 25.0 MiB (bucket_cap_mb), "
+            "so a bucket can pass its cap by up to one gradient") in finding
+    assert "up to 25.0 MiB" not in finding and "first bucket holds" not in finding
+
+
+def test_the_volume_tables_name_each_volumes_unit(measured):
+    # The measured volume is logical bytes over 4Ψ bytes (fp32 Ψ); the paper's counts Ψ elements. With bf16
+    # all-gathers the two differ: zero3 fp32 all-gathers the 240,384 B once in forward and again less the root
+    # (37,120 B) in backward, 443,648 B; in bf16 half that, 221,824 B, plus 240,384 B of fp32 reduce-scatters:
+    # 462,208 B = 1.923 x 4Ψ bytes, though as many elements move as in fp32 (the paper's 3Ψ, less the root).
+    from sharding_lab.labs.comm_labs import MIXED
+
+    report = LABS["memory-communication-tradeoff"].report(lab_measurements(measured, "memory-communication-tradeoff"))
+    columns = report.table.columns
+    assert columns[4:6] == ("measured volume (x 4Ψ bytes)", "paper volume (xΨ elements)")
+    mixed = next(row for row in report.table.rows if row[0] == MIXED)
+    assert (mixed[2], mixed[4], mixed[5]) == (462_208, round(462_208 / TINY_FP32_BYTES, 3), 3)
+    assert "in fp32 moves 1.42x DDP's bytes per step (2.85 against 2.00 x 4Ψ bytes)" in report.finding
+    assert "(1.92 x 4Ψ bytes in the table: the paper's 3Ψ counts elements" in report.finding
+    volume = LABS["communication-volume"].report(lab_measurements(measured, "communication-volume"))
+    assert volume.table.columns == columns
+
+
+def test_the_prefetch_finding_and_table_read_the_same_figure(measured):
+    # Rank 0 without prefetching doctored to hold a root-sized buffer more, as gloo's late free once did: the
+    # finding reads the least any rank held, and the table's column must show that figure too, not rank 0's.
+    raw = as_json(lab_measurements(measured, "prefetch-overlap"))
+    ranks_on, ranks_off = (raw[key]["memory"]["per_rank"] for key in (PREFETCH_ON, PREFETCH_OFF))
+    root = forward_gather_bytes(raw[PREFETCH_ON], "root")
+    ranks_off[0]["gathered_with_buffers_later_blocks_peak_bytes"] += root
+    least_on, least_off = (min(r["gathered_with_buffers_later_blocks_peak_bytes"] for r in ranks)
+                           for ranks in (ranks_on, ranks_off))
+    report = LABS["prefetch-overlap"].report(from_json(raw))
+    column = report.table.columns.index(
+        "gathered params + all-gather buffers, most at once after the first block (the least of the ranks' peaks)")
+    assert [row[column] for row in report.table.rows] == [least_on, least_off]
+    assert (f"the gathered parameters and all-gather buffers held at once peaked at {human_bytes(least_on)} with "
+            f"prefetching against {human_bytes(least_off)} without (the root's included; the least any rank "
+            f"reached)") in report.finding
+    assert "each rank held up to" not in report.finding
+
+
 def test_all_gather_buffers_are_read_on_the_rank_that_held_least(measured):
     """The same late free by gloo's thread can add a finished all-gather's output to one rank's buffer
     peak: the reshard lab's bound of two units' outputs reads the least any rank held."""

@@ -303,11 +303,13 @@ def _labelling_backward_prefetch(tracker_class: type) -> type:
 
 
 def with_category_peaks(
-    tracker_class: type, joint: tuple[str, ...] = (), window: Callable[[set[str]], bool] | None = None
+    tracker_class: type, joint: tuple[str, ...] = (), window: Callable[[set[str]], bool] | None = None,
+    group: Callable[[str], str | None] | None = None,
 ) -> type:
     """A subclass of a torch tracker that also keeps each category's own maximum, per device, in
-    `category_peaks`, and the maximum of the `joint` categories' sum (tracker category names) in
-    `joint_peaks`, and that maximum only while `window(names of the open modules)` holds in
+    `category_peaks`; each group's maximum (the sum of the tracker categories `group` maps to it, at
+    one moment) in `group_peaks`; the maximum of the `joint` categories' sum (tracker category names)
+    in `joint_peaks`, and that maximum only while `window(names of the open modules)` holds in
     `window_joint_peaks`: the snapshot update and the module tracker are private, so the hooks into
     them live here. Like every tracker made here, it leaves DTensor's shape-propagation scratch out."""
     _attribute(tracker_class, "_update_snap", _TRACKING)
@@ -316,17 +318,25 @@ def with_category_peaks(
         def _update_snap(self, *args: Any, **kwargs: Any) -> None:
             super()._update_snap(*args, **kwargs)
             peaks = self.__dict__.setdefault("category_peaks", {})
+            group_peaks = self.__dict__.setdefault("group_peaks", {})
             joint_peaks = self.__dict__.setdefault("joint_peaks", {})
             window_peaks = self.__dict__.setdefault("window_joint_peaks", {})
             in_window = window is not None and window(_attribute(self, "_mod_tracker", _TRACKING).parents)
             for device, snapshot in tracker_current_snapshot(self).items():
                 device_peaks = peaks.setdefault(device, {})
-                together = 0
+                together, grouped = 0, {}
                 for key, value in snapshot.items():
                     if value > device_peaks.get(key, 0):
                         device_peaks[key] = value
-                    if getattr(key, "value", key) in joint:
+                    name = getattr(key, "value", key)
+                    if name in joint:
                         together += value
+                    if group is not None and (ours := group(name)) is not None:
+                        grouped[ours] = grouped.get(ours, 0) + value
+                device_group_peaks = group_peaks.setdefault(device, {})
+                for ours, value in grouped.items():
+                    if value > device_group_peaks.get(ours, 0):
+                        device_group_peaks[ours] = value
                 if together > joint_peaks.get(device, 0):
                     joint_peaks[device] = together
                 if in_window and together > window_peaks.get(device, 0):

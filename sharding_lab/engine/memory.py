@@ -119,12 +119,16 @@ def model_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer, world_
     }
 
 
+def _our_category(tracker_category: str) -> str | None:
+    """Ours for one of the tracker's category names (None for its total)."""
+    return None if tracker_category == _TOTAL else _CATEGORY_NAMES.get(tracker_category, "other")
+
+
 def _normalise(snapshot: dict[str, int]) -> dict[str, int]:
     categories = dict.fromkeys(CATEGORIES, 0)
     for name, value in snapshot.items():
-        key = getattr(name, "value", name)
-        if key != _TOTAL:
-            categories[_CATEGORY_NAMES.get(key, "other")] += value
+        if (ours := _our_category(getattr(name, "value", name))) is not None:
+            categories[ours] += value
     return categories
 
 
@@ -154,11 +158,11 @@ class MemoryTracker:
         gathered = (_gathered_param_category(self.fsdp), "All Gather")
         if self.fsdp:
             tracker_class = internals.with_category_peaks(internals.fsdp_mem_tracker_class(), gathered,
-                                                          _a_later_block_runs)
+                                                          _a_later_block_runs, _our_category)
             self._tracker = tracker_class(model, optimizer)
         else:
             self._tracker = internals.with_category_peaks(internals.mem_tracker_class(), gathered,
-                                                          _a_later_block_runs)()
+                                                          _a_later_block_runs, _our_category)()
             self._tracker.track_external(model, getattr(optimizer, "optim", optimizer))
         self.after_forward: dict[str, int] | None = None
         self.persistent: dict[str, int] | None = None
@@ -200,16 +204,17 @@ class MemoryTracker:
         key = self._device_key()
         peak = self._tracker.get_tracker_snapshot("peak").get(key, {})
         category_peaks = self._tracker.__dict__.get("category_peaks", {}).get(key, {})
+        group_peaks = self._tracker.__dict__.get("group_peaks", {}).get(key, {})
         persistent = self.persistent or {}
         return {
             "peak_bytes": int(peak.get(_TOTAL, 0)),
             "persistent_bytes": int(persistent.get(_TOTAL, 0)),
             # The breakdown of the peak moment: these add up to peak_bytes.
             "categories": _normalise(peak),
-            # Each category's own maximum over the step (they need not coincide in time).
-            "category_peaks": {
-                name: value for name, value in _normalise(category_peaks).items()
-            },
+            # Each category's own maximum over the step (they need not coincide in time). Ours that join
+            # two of the tracker's (sharded and unsharded parameters, or gradients) are the maximum of
+            # the two's sum at one moment: the sum of their own maxima counted bytes never held at once.
+            "category_peaks": {**dict.fromkeys(CATEGORIES, 0), **group_peaks},
             "unsharded_params_peak_bytes": int(_unsharded_params(category_peaks, self.fsdp)),
             "unsharded_params_after_forward_bytes": int(_unsharded_params(self.after_forward or {}, self.fsdp)),
             "gathered_with_buffers_peak_bytes": int(self._tracker.__dict__.get("joint_peaks", {}).get(key, 0)),

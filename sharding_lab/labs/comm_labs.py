@@ -5,7 +5,8 @@ ends. On CPU with gloo, collectives run synchronously, so order is what can be s
 before what. True overlap of communication with computation needs a GPU and the profiler's trace.
 
 Volumes follow the ZeRO paper's accounting: an all-reduce moves its buffer twice (reduce-scatter plus
-all-gather), every other collective once; Ψ is the model's fp32 parameter bytes.
+all-gather), every other collective once. Ψ is the parameter count, as in the paper, whose volumes count
+elements; a measured volume is bytes over 4Ψ (the fp32 parameters' bytes), the same multiple in fp32 only.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from sharding_lab.labs.base import (
     percent,
     runs_at,
 )
+from sharding_lab.labs.beyond_comm_labs import BUCKET_BYTES, FIRST_BUCKET_BYTES
 from sharding_lab.measurement import (
     NO_NCCL_OVERLAP,
     Event,
@@ -241,9 +243,9 @@ def report_prefetch_overlap(a: PrefetchOrder) -> Report:
         f"{counted(PREFETCH_ON, 'forward')} block boundaries in forward and {counted(PREFETCH_ON, 'backward')} in "
         f"backward; without any (FSDP2's default backward prefetch switched off too), for "
         f"{counted(PREFETCH_OFF, 'forward')} and {counted(PREFETCH_OFF, 'backward')}. "
-        f"The cost is memory: while the blocks after the first ran, with prefetching each rank held up to "
-        f"{human_bytes(a.gathered_on)} of gathered parameters and all-gather buffers at once against "
-        f"{human_bytes(a.gathered_off)} without (the root's included; the least any rank reached), "
+        f"The cost is memory: while the blocks after the first ran, the gathered parameters and all-gather buffers "
+        f"held at once peaked at {human_bytes(a.gathered_on)} with prefetching against {human_bytes(a.gathered_off)} "
+        f"without (the root's included; the least any rank reached), "
         f"{human_bytes(a.gathered_on - a.gathered_off)} more: the next block's gathered parameters "
         f"({human_bytes(a.block)} a block) waiting in their all-gather buffer beside the current block's (measured "
         f"by the tracker, this model, fp32). Rank 0's whole peak was {human_bytes(a.peak_on)} against "
@@ -262,7 +264,7 @@ def report_prefetch_overlap(a: PrefetchOrder) -> Report:
                 round(m.step_time_s, 4),
                 len(gathers),
                 sum(g.prefetch for g in gathers),
-                m.ranks[0].gathered_with_buffers_later_blocks_peak_bytes,
+                min(m.gathered_with_buffers_later_blocks_peak()),  # as the finding and check read it
                 m.ranks[0].peak_bytes,
             )
         )
@@ -277,7 +279,7 @@ def report_prefetch_overlap(a: PrefetchOrder) -> Report:
                 "step time s",
                 "all-gathers per step",
                 "issued ahead by another unit",
-                "gathered params + all-gather buffers, most at once after the first block (rank 0)",
+                "gathered params + all-gather buffers, most at once after the first block (the least of the ranks' peaks)",
                 "peak bytes (rank 0)",
             ),
             tuple(rows),
@@ -385,7 +387,7 @@ class Volumes:
     """Communication per step of each run, with what the check and report compare."""
 
     ms: Measurements
-    volume: dict[str, float]  # run key -> bytes moved per step in units of Ψ, paper accounting
+    volume: dict[str, float]  # run key -> bytes moved per step over 4Ψ (fp32 Ψ), paper accounting
     root_share: float  # the zero3 root unit's share of Ψ (not re-gathered in backward)
 
     def ratio(self, key: str, base: str) -> float:
@@ -477,13 +479,15 @@ def report_tradeoff(a: Tradeoff) -> Report:
         f"At N={n}, FSDP holds {human_bytes(fsdp.model_states_bytes()[0])} of model states per rank against DDP's "
         f"{human_bytes(ddp.model_states_bytes()[0])} (peak {human_bytes(fsdp.ranks[0].peak_bytes)} against "
         f"{human_bytes(ddp.ranks[0].peak_bytes)}), but in fp32 moves {a.fp32:.2f}x DDP's bytes per step "
-        f"({a.volumes.volume['zero3']:.2f}Ψ against {a.volumes.volume['ddp']:.2f}Ψ), with {len(gathers)} all-gathers "
-        f"({human_bytes(sum(g.bytes for g in gathers))}) per step that DDP never needs. The paper's 1.5x assumes every "
+        f"({a.volumes.volume['zero3']:.2f} against {a.volumes.volume['ddp']:.2f} x 4Ψ bytes), with {len(gathers)} "
+        f"all-gathers ({human_bytes(sum(g.bytes for g in gathers))}) per step that DDP never needs. The paper's 1.5x assumes every "
         f"parameter is gathered twice; FSDP2 keeps the root unit (embeddings and head, r = {a.volumes.root_share:.1%} "
         f"of Ψ here) gathered from forward to backward, so fp32 FSDP moves (3 - r)/2 of DDP. With FSDP2's mixed "
         f"precision as configured here (bf16 all-gathers; reduce_dtype=fp32, so fp32 reduce-scatters, where the "
         f"default reduces in bf16; measured on this model) FSDP moves {a.mixed:.2f}x DDP's "
-        f"fp32 bytes, 1 - r/4. Derived for larger models of this GPT (not measured): {scale}."
+        f"fp32 bytes, 1 - r/4 ({a.volumes.volume[MIXED]:.2f} x 4Ψ bytes in the table: the paper's 3Ψ counts "
+        f"elements, and the bf16 all-gathers carry theirs at 2 bytes each). Derived for larger models of this GPT "
+        f"(not measured): {scale}."
     )
     keys = ["ddp", "zero3", MIXED]
     return Report(
@@ -521,8 +525,8 @@ def _volume_table(a: Volumes, keys: list[str]) -> Table:
             "collectives per step",
             "logical bytes",
             "wire bytes (derived, ring)",
-            "measured volume (xΨ)",
-            "paper volume (xΨ)",
+            "measured volume (x 4Ψ bytes)",  # bytes over fp32 Ψ: the paper's multiple in fp32 only
+            "paper volume (xΨ elements)",
             "model states bytes per rank",
         ),
         tuple(rows),
@@ -532,18 +536,15 @@ def _volume_table(a: Volumes, keys: list[str]) -> Table:
 # --- communication-volume -------------------------------------------------------------------------------------
 
 
-# PyTorch DDP's defaults: the first bucket holds 1 MiB of gradients, every later one up to 25 MiB.
-DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_BYTES = 1024**2, 25 * 1024**2
-
-
 def _ddp_buckets_text(ddp: Measurement) -> str:
     all_reduces = ddp.collectives(op="all_reduce")
     gradient_bytes = ddp.part_bytes("grads")[0]
     return (
         f" DDP ran with gradient_as_bucket_view=True (its gradients are views into the all-reduce buckets: one "
         f"copy, not two) and issued {len(all_reduces)} all-reduce(s) for {human_bytes(gradient_bytes)} of "
-        f"gradients: one per bucket, and PyTorch's first bucket holds {human_bytes(DDP_FIRST_BUCKET_BYTES)}, later "
-        f"ones up to {human_bytes(DDP_BUCKET_BYTES)}, so a real model's step issues many."
+        f"gradients: one per bucket. PyTorch's DDP closes its first bucket once it holds "
+        f"{human_bytes(FIRST_BUCKET_BYTES)} of gradients and each later one once it holds {human_bytes(BUCKET_BYTES)} "
+        f"(bucket_cap_mb), so a bucket can pass its cap by up to one gradient, and a real model's step issues many."
     )
 
 
