@@ -141,6 +141,67 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+# Longer than stopping ranks takes once interrupted: each is sent SIGTERM, then SIGKILL after 3 s.
+_UNWIND_S = 10.0
+
+
+@contextlib.contextmanager
+def sigint_unwinds() -> Iterator[None]:
+    """Within it, SIGINT (a terminal's Ctrl-C) raises KeyboardInterrupt, which unwinds as SIGTERM does
+    (ranks stopped, folders removed), and a second one within `_UNWIND_S` is ignored: an impatient second
+    Ctrl-C would cut that clean-up short. A later one raises again, in case the first was lost (raised in
+    a finalizer, which only prints it). Same conditions as `sigterm_unwinds`; the previous handler comes
+    back on leaving."""
+    if under_torchrun() or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    interrupted_at = -_UNWIND_S
+
+    def interrupt(signum: int, frame: object) -> None:
+        nonlocal interrupted_at
+        if time.monotonic() - interrupted_at < _UNWIND_S:
+            return
+        interrupted_at = time.monotonic()
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+_ranks_started = 0  # rank processes this process started: an interrupt says it stopped them
+
+
+def ranks_started() -> int:
+    return _ranks_started
+
+
+def start_ranks(processes) -> None:
+    """Start rank processes (multiprocessing's, not yet started) that ignore SIGINT. A terminal's Ctrl-C
+    goes to its whole foreground process group, ranks included; their parent stops them as its own
+    interrupt unwinds, so a rank's KeyboardInterrupt would only add a traceback per rank. SIGINT is
+    blocked while they start, because a signal mask survives fork and exec where a handler does not: a
+    rank cannot be interrupted while it imports, before `ignore_sigint` runs in it (multiprocessing
+    starts its resource tracker the same way). This process's own SIGINT is only deferred: handled once
+    the mask is restored, or at once where another of its threads took it."""
+    global _ranks_started
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        for process in processes:
+            process.start()
+            _ranks_started += 1
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def ignore_sigint() -> None:
+    """In a rank started by `start_ranks`: SIGINT ignored, then unblocked (a pending one is dropped)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def run_ranks(
     fn: Callable[..., Any],
     world_size: int,
@@ -256,6 +317,7 @@ def _rank_main(
     rank, world_size, meeting, device_type, placement, timeout_s, fn, args, results, counts, labels, stack_dir,
     parent,
 ):
+    ignore_sigint()
     die_with_parent(parent)
     # Stdout belongs to the parent (its --json output); a rank's prints go to stderr instead.
     os.dup2(2, 1)
@@ -342,8 +404,7 @@ def _spawn_ranks(
             for rank in range(processes_wanted)
         ]
         try:
-            for process in processes:
-                process.start()
+            start_ranks(processes)
             return _collect(processes, results, counts, labels, Path(stack_dir), timeout_s, on_progress)
         finally:
             _stop_all(processes)

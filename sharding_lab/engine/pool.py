@@ -92,8 +92,7 @@ class RankPool:
             for rank in range(processes_wanted)
         ]
         try:
-            for process in self._processes:
-                process.start()
+            launch.start_ranks(self._processes)
         except BaseException:
             self.close()
             raise
@@ -235,6 +234,7 @@ def _freeze_heap() -> None:
 
 def _pool_rank_main(rank, world_size, meeting, device_type, placement, group_timeout_s, tasks, results,
                     counts, labels, stack_dir, owner):
+    launch.ignore_sigint()  # a Ctrl-C is the owner's to handle: it stops this rank
     die_with_parent(owner)
     os.dup2(2, 1)  # stdout belongs to the parent (its --json output or its protocol)
     sys.stdout = sys.stderr
