@@ -162,6 +162,24 @@ def test_serve_on_a_taken_port_says_so_without_a_traceback_and_starts_nothing(ru
     assert "bank synced" not in result.output, "refused before the bank is synced into the database"
 
 
+def test_serve_debug_on_a_taken_port_says_so_in_the_same_one_line_error(runner, app, monkeypatch):
+    # Werkzeug's own bind printed two lines of its own ("Address already in use", "Port N is in use by
+    # another program...") and exited, with no `Error:` line.
+    import socket
+
+    started = []
+    monkeypatch.setattr(serve_cli, "start_worker", started.append)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = runner.invoke(args=["serve", "--port", str(port), "--debug"])
+    assert result.exit_code == 1
+    assert result.output == (f"Error: cannot serve on 127.0.0.1:{port}: Address already in use (another server, "
+                             "perhaps studyapp itself, is using it; choose another with --port)\n")
+    assert started == [] and not app.debug
+
+
 @pytest.mark.parametrize("port", ["99999", "-1", "http"])
 def test_serve_refuses_a_port_that_does_not_exist(runner, app, port):
     result = runner.invoke(args=["serve", "--port", port])

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import signal
+import socket
 import sys
 import threading
 import time
@@ -82,8 +83,15 @@ class Server:
 def make_server(app: Flask, host: str, port: int, *, debug: bool = False, access_log: bool = True) -> Server:
     """Bind `host:port` (waitress, or Flask's development server when `debug`); nothing served yet."""
     if debug:
+        # Bound here, not by werkzeug: its own bind prints two lines of its own and exits on a taken port,
+        # where the caller says it in serve's one `Error:` line.
+        listening = _listening_socket(host, port)
+        try:
+            dev = serving.make_server(host, port, app, threaded=True, request_handler=RedactingRequestHandler,
+                                      fd=listening.fileno())
+        finally:
+            listening.close()  # werkzeug serves on a duplicate of it
         app.debug = True
-        dev = serving.make_server(host, port, app, threaded=True, request_handler=RedactingRequestHandler)
         dev.log_startup()
         return Server(dev.socket.getsockname()[1], dev.serve_forever)
     import waitress.server
@@ -106,6 +114,20 @@ def make_server(app: Flask, host: str, port: int, *, debug: bool = False, access
             server.close()
 
     return Server(bound, serve_forever)
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """A socket listening on `host:port` as werkzeug's own bind makes it; OSError if it cannot be bound."""
+    family = serving.select_address_family(host, port)
+    listening = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as werkzeug's (socketserver's allow_reuse_address)
+        listening.bind(serving.get_sockaddr(host, port, family))
+        listening.listen(serving.LISTEN_QUEUE)
+    except BaseException:
+        listening.close()
+        raise
+    return listening
 
 
 @click.command("serve")

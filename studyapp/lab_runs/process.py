@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,6 +26,10 @@ from sharding_lab.run_config import DEVICES  # no torch
 from studyapp.models import LabRun, RunStatus
 
 STDERR_TAIL_CHARS = 2000  # enough for a traceback's end, small enough to store with every failure
+# A Python warning as the warnings module prints it: "FILE:LINE: SomeWarning: message", then its source line,
+# indented. Torch prints its own once per rank; multiprocessing's resource tracker prints "leaked semaphore
+# objects" when a lab server is killed outright. None of them says why a run failed.
+PYTHON_WARNING = re.compile(r"\S.*:\d+: \w*Warning: ")
 TERM_GRACE_S = 5.0  # for a lab process to stop its ranks after SIGTERM (a pool closes in at most 3 s)
 
 
@@ -128,12 +133,12 @@ def run_json_process(
     except subprocess.TimeoutExpired:
         stop_group(process)
         stdout, stderr = _drain(process)
-        return Outcome(RunStatus.failed, error=f"timed out after {timeout_s:g} s; {stopped}." + _tail(stderr))
+        return Outcome(RunStatus.failed, error=f"timed out after {timeout_s:g} s; {stopped}." + stderr_tail(stderr))
     if process.returncode < 0:  # killed by a signal: a shutdown stopped it, or the OS did
-        return Outcome(RunStatus.failed, error=f"stopped by signal {-process.returncode}." + _tail(stderr))
+        return Outcome(RunStatus.failed, error=f"stopped by {signal_said(-process.returncode)}." + stderr_tail(stderr))
     result = _parse(stdout)
     if result is None:
-        return Outcome(RunStatus.failed, error=f"exit status {process.returncode}, {no_json}." + _tail(stderr))
+        return Outcome(RunStatus.failed, error=f"exit status {process.returncode}, {no_json}." + stderr_tail(stderr))
     return Outcome(RunStatus.done, result=result)
 
 
@@ -212,9 +217,30 @@ def _parse(stdout: str) -> dict[str, Any] | None:
     return None
 
 
-def _tail(stderr: str | None) -> str:
-    # Torch's warnings repeat once per rank; the last lines say what went wrong.
-    text = (stderr or "").strip()
+def signal_said(number: int) -> str:
+    """"signal 9 (killed)": the number, and what the OS calls it."""
+    try:
+        name = signal.strsignal(number)
+    except ValueError:
+        name = None
+    return f"signal {number} ({name.lower()})" if name else f"signal {number}"
+
+
+def stderr_tail(stderr: str | None) -> str:
+    """The end of a lab process's stderr, to store with its failure ("" when nothing is left to show):
+    Python's warnings (and each one's source line) left out, they say nothing of why it failed; the
+    last lines do."""
+    lines, after_warning = [], False
+    for line in (stderr or "").splitlines():
+        if PYTHON_WARNING.match(line):
+            after_warning = True
+            continue
+        if after_warning and line[:1].isspace():  # the warning's source line, `  warnings.warn(...`
+            after_warning = False
+            continue
+        after_warning = False
+        lines.append(line)
+    text = "\n".join(lines).strip()
     if not text:
         return ""
     if len(text) > STDERR_TAIL_CHARS:

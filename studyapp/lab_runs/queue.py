@@ -1,7 +1,8 @@
 """The lab-run queue: LabRun rows and the moves between their states (RunStatus).
 
     queued --(claimed)--> running --> done   (the lab's JSON, whether or not its claim held)
-                                  \\-> failed (timeout, crash, no JSON: the error says which)
+       |                          \\-> failed (timeout, crash, no JSON: the error says which)
+       \\--(cancelled)--> failed   (its error says so: the schema has no cancelled status)
 
 Every run goes through here, from the web page and from `studyapp labs run-all` alike; the
 worker (studyapp.lab_runs.worker) claims and finishes them. Times are the real wall clock (runs
@@ -93,6 +94,18 @@ def fail_interrupted(engine: Engine, reason: str) -> int:
         count = session.exec(
             update(_table)
             .where(_table.c.status == RunStatus.running)
+            .values(status=RunStatus.failed, error=reason, finished_at=utcnow())
+        ).rowcount
+        session.commit()
+        return count
+
+
+def cancel_queued(engine: Engine, run_ids: list[int], reason: str) -> int:
+    """Mark those of `run_ids` still queued failed with `reason` (one claimed meanwhile runs on). Returns how many."""
+    with Session(engine) as session:
+        count = session.exec(
+            update(_table)
+            .where(_table.c.id.in_(run_ids), _table.c.status == RunStatus.queued)
             .values(status=RunStatus.failed, error=reason, finished_at=utcnow())
         ).rowcount
         session.commit()

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from sharding_lab.labs.registry import LABS  # metadata only: no torch
 from sharding_lab.proc_stat import alive  # no torch
 from sharding_lab.run_config import DEVICES  # no torch
-from studyapp.lab_runs.process import STDERR_TAIL_CHARS, Outcome, stop_group
+from studyapp.lab_runs.process import Outcome, signal_said, stderr_tail, stop_group
 from studyapp.models import RunStatus
 
 # How much sooner than the run's timeout the server ends a hung lab itself: time to name the hung rank,
@@ -43,10 +43,12 @@ class LabServer:
     """The child that runs labs on warm ranks; `run` one lab at a time (the worker's lock sees to that).
 
     The child dies with the thread whose `run` started it (`stop` before that thread ends: the worker
-    thread does, in its `finally`)."""
+    thread does, in its `finally`). Once `halted` is set no child is started: set before `stop`, it
+    stops a run whose child was about to start as well as one already running."""
 
-    def __init__(self, argv: Sequence[str]):
+    def __init__(self, argv: Sequence[str], halted: threading.Event | None = None):
         self.argv = list(argv)
+        self.halted = halted
         self.process: subprocess.Popen | None = None
         self._answers: queue.Queue[str | None] = queue.Queue()
         self._stderr: collections.deque[str] = collections.deque(maxlen=200)
@@ -72,6 +74,8 @@ class LabServer:
                            f"choose one of {', '.join(DEVICES)}")
         try:
             process = self._started()
+            if process is None:
+                return Outcome(RunStatus.failed, error="stopped before the lab started")
             self._stderr.clear()
             process.stdin.write(json.dumps({"lab": lab_id, "world_size": world_size, "device": device}) + "\n")
             process.stdin.flush()
@@ -87,8 +91,9 @@ class LabServer:
         if line is None:  # the child closed its stdout: it died, or stop() killed it
             code = process.wait()
             self.stop()
-            how = f"stopped by signal {-code}" if code < 0 else f"exited with status {code}"
-            return Outcome(RunStatus.failed, error=f"the lab server {how} before answering." + self._tail())
+            how = f"stopped by {signal_said(-code)}" if code < 0 else f"exited with status {code}"
+            return Outcome(RunStatus.failed, error=f"the lab server {how} before answering; the run did not finish; "
+                           "run it again." + self._tail())
         try:
             answer = json.loads(line)
         except ValueError:
@@ -121,8 +126,12 @@ class LabServer:
 
             remove_stale_folders()
 
-    def _started(self) -> subprocess.Popen:
+    def _started(self) -> subprocess.Popen | None:
+        """The running child, or a fresh one; None once halted (checked under the lock a stop takes, so a
+        stop either finds the child started or keeps it from starting)."""
         with self._lock:
+            if self.halted is not None and self.halted.is_set():
+                return None
             if self.process is not None and _serving(self.process):
                 return self.process
             if self.process is not None:
@@ -155,13 +164,7 @@ class LabServer:
             self._stderr.append(line)
 
     def _tail(self) -> str:
-        # Torch's warnings repeat once per rank; the last lines say what went wrong.
-        text = "".join(self._stderr).strip()
-        if not text:
-            return ""
-        if len(text) > STDERR_TAIL_CHARS:
-            text = "…" + text[-STDERR_TAIL_CHARS:]
-        return "\nstderr:\n" + text
+        return stderr_tail("".join(self._stderr))
 
 
 def _serving(process: subprocess.Popen) -> bool:

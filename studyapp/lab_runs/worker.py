@@ -123,6 +123,7 @@ class LabWorker:
         self.engine = get_engine(app)
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._stop_reason = SHUTDOWN  # the error of a run a stop cuts short (the first stop's says why)
         self._process: subprocess.Popen | None = None
         self._thread: threading.Thread | None = None
         self.lab_server: LabServer | None = None  # started by the first run without LAB_COMMAND
@@ -139,8 +140,10 @@ class LabWorker:
     def wake(self) -> None:
         self._wake.set()
 
-    def stop(self, timeout_s: float = 15.0) -> None:
-        """Stop the thread, killing the lab it runs (its row becomes failed, never stays running)."""
+    def stop(self, timeout_s: float = 15.0, reason: str = SHUTDOWN) -> None:
+        """Stop the thread, killing the lab it runs (its row becomes failed with `reason`, never stays running)."""
+        if not self._stop.is_set():
+            self._stop_reason = reason
         self._stop.set()
         self._wake.set()
         process = self._process
@@ -154,6 +157,14 @@ class LabWorker:
         # running a lab when the join gave up.
         if self.lab_server is not None:
             self.lab_server.stop()
+
+    def stop_soon(self, reason: str) -> threading.Thread:
+        """`stop(reason)` in a thread of its own, returning at once: what a signal handler may call. The
+        handler runs in the thread that runs the queue (`run_until_over`'s), which may hold the lab server's
+        lock, and which goes on only once the lab it waits for is stopped."""
+        stopping = threading.Thread(target=self.stop, kwargs={"reason": reason}, name="lab-worker-stop")
+        stopping.start()
+        return stopping
 
     def _loop(self) -> None:
         try:
@@ -183,7 +194,7 @@ class LabWorker:
             if next_queued(session) is None:
                 return False
         with runner_lock(lock_path(self.app), stop=self._stop) as held:
-            if not held:
+            if not held or self._stop.is_set():  # stopped: claim nothing more
                 return False
             run = claim_next(self.engine)
             if run is None:
@@ -191,7 +202,7 @@ class LabWorker:
             outcome = self._run(run)
             self._process = None
             if self._stop.is_set() and outcome.status == RunStatus.failed:
-                outcome = Outcome(RunStatus.failed, error=SHUTDOWN)
+                outcome = Outcome(RunStatus.failed, error=self._stop_reason)
             self._store(run.id, outcome)
         return True
 
@@ -233,9 +244,11 @@ class LabWorker:
         if self.app.config["LAB_COMMAND"] is not None:
             return lab_outcome(lab_command(self.app), run, timeout_s, self._started)
         if self.lab_server is None:
-            self.lab_server = LabServer(server_argv(float(self.app.config["LAB_POOL_IDLE_S"]), timeout_s))
+            # Halted by the stop event: a stop that comes as it starts its child keeps the child from starting.
+            self.lab_server = LabServer(server_argv(float(self.app.config["LAB_POOL_IDLE_S"]), timeout_s),
+                                        halted=self._stop)
         if self._stop.is_set():  # stop() came between the claim and the start
-            return Outcome(RunStatus.failed, error=SHUTDOWN)
+            return Outcome(RunStatus.failed, error=self._stop_reason)
         try:
             params = run_params(run.params)
             return self.lab_server.run(run.lab_id, int(params.get("world_size", 0)), timeout_s, device=params["device"])
@@ -245,11 +258,11 @@ class LabWorker:
 
     def run_until_over(self, run_id: int) -> LabRun:
         """Run the queue in this thread until run `run_id` is over (another worker may run it, or
-        runs queued before it); its final row."""
+        runs queued before it), or until a stop; its row then."""
         while True:
             with Session(self.engine, expire_on_commit=False) as session:
                 run = session.get(LabRun, run_id)
-                if run.status not in ACTIVE:
+                if run.status not in ACTIVE or self._stop.is_set():
                     return run
             if not self.run_next():
                 self._wake.wait(POLL_S)  # another worker runs it
