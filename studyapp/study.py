@@ -447,7 +447,7 @@ def undo_last(
             raise ReviewRejected(f"there is no review {review_id}", status=404)
         if named.undone_at is not None:
             raise AlreadyUndone(named)
-        raise ReviewConflict("a newer review came after the one this page offered to undo; reload and try again")
+        raise ReviewConflict("a newer review came after the one it offered to undo, so nothing was undone")
     if log is None:
         return None
     card = session.get(Card, log.card_id)
@@ -455,7 +455,7 @@ def undo_last(
         select(ReviewLog.id).where(ReviewLog.card_id == log.card_id, ReviewLog.undone_at.is_(None), ReviewLog.id > log.id)
     ).first()
     if card is None or newer is not None:
-        raise ReviewConflict("another review arrived meanwhile; reload and try again")
+        raise ReviewConflict("another review arrived meanwhile, so nothing was undone")
     card_id, read_version = card.id, card.version  # as read: a rollback expires `card`
     try:
         changed = session.execute(
@@ -475,7 +475,7 @@ def undo_last(
             update(ReviewLog).where(ReviewLog.id == log.id, ReviewLog.undone_at.is_(None)).values(undone_at=as_utc(now))
         ).rowcount
         if changed != 1 or marked != 1:
-            raise ReviewConflict("another review or undo arrived meanwhile; reload and try again")
+            raise ReviewConflict("another review or undo arrived meanwhile, so nothing was undone")
         session.commit()
     except (ReviewConflict, OperationalError) as error:
         session.rollback()
@@ -483,7 +483,7 @@ def undo_last(
             raise AlreadyUndone(named) from None  # the same undo, posted twice at once: the other one did it
         if isinstance(error, OperationalError) and _card_version(session, card_id) == read_version:
             raise  # nothing else wrote the card: the database refused the write (see grade)
-        raise ReviewConflict("another review or undo arrived meanwhile; reload and try again") from None
+        raise ReviewConflict("another review or undo arrived meanwhile, so nothing was undone") from None
     finally:
         session.expire_all()
     return session.get(ReviewLog, log.id)

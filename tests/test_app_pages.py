@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import html
 import re
+from datetime import datetime, timezone
 
 import pytest
 from conftest import ALPHA_DECK, BETA_DECK, write_bank
 from sqlmodel import Session, select
 
+from sharding_lab import svg
 from studyapp.charts import bar_chart
 from studyapp.db import get_engine
-from studyapp.models import Card, Deck
+from studyapp.models import Card, Deck, LabRun, RunStatus
 from studyapp.study import StudySettings, grade
 from studyapp.sync import sync_bank
 
@@ -217,3 +219,25 @@ def test_an_odd_card_parameter_is_ignored(client, url):
     assert response.status_code == plain.status_code == 200
     shown = re.search(r'name="card_id" value="(\d+)"', text(response))
     assert shown and shown.group(1) == re.search(r'name="card_id" value="(\d+)"', text(plain)).group(1)
+
+
+def test_a_lab_charts_hover_figures_are_also_given_as_a_list(app, client):
+    # A lab chart's figures were only in the <title> each bar segment or marker shows on hover.
+    bars = svg.stacked_bar_chart("Model states per rank", [svg.Bar("ddp", {"params": 2048, "grads": 1536}),
+                                                          svg.Bar("zero3", {"params": 1024})], ["params", "grads"])
+    timeline = svg.timeline_chart("FSDP step", svg.Timeline(
+        lanes=["layers.0"], spans=[svg.Span("layers.0", 0, 1, "forward")],
+        markers=[svg.Marker("layers.0", 0, "all_gather", "all_gather 50.6 KiB, forward")],
+        bands=[svg.Band(0, 1, "forward")], length=2))
+    moment = datetime(2026, 3, 1, 9, 30, tzinfo=timezone.utc)
+    with Session(get_engine(app)) as session:
+        session.add(LabRun(lab_id="adam-optimizer-state", params={"world_size": 2}, status=RunStatus.done,
+                           result={"holds": True, "finding": "f", "charts": {"bars": bars, "timeline": timeline}},
+                           created_at=moment, started_at=moment, finished_at=moment))
+        session.commit()
+    page = text(client.get("/labs/adam-optimizer-state/results"))
+    shown = re.findall(r"<summary>(.*?)</summary>\s*<ul>(.*?)</ul>", page, re.S)
+    assert [(summary, re.findall(r"<li>(.*?)</li>", items)) for summary, items in shown] == [
+        ("Model states per rank: the figures as a list", ["ddp: params 2.0 KiB", "ddp: grads 1.5 KiB", "zero3: params 1.0 KiB"]),
+        ("FSDP step: the figures as a list", ["layers.0 forward", "all_gather 50.6 KiB, forward"]),
+    ]

@@ -6,12 +6,13 @@ import html
 import re
 
 import pytest
-from conftest import csrf_token_of
+from conftest import csrf_token_of, write_bank
 from sqlmodel import Session, select
 
 from studyapp import sm2
 from studyapp.db import get_engine
 from studyapp.models import Card, ReviewLog
+from studyapp.sync import sync_bank
 
 
 def text(response) -> str:
@@ -56,7 +57,7 @@ def test_the_question_page_shows_the_prompt_shuffled_choices_and_shortcuts(clien
     for choice in first.choices:
         assert choice in page
     assert shown_card(client)["order"] == shown["order"]  # a reload shows the same order
-    for key in ('data-key="1"', 'data-key="4"', "data-enter-submits", "<kbd>Enter</kbd>"):
+    for key in ('data-key="1"', 'data-key="4"', "data-enter-submits", ">Enter</kbd>"):
         assert key in shown["page"]
     assert 'data-key="u"' not in shown["page"] and "<kbd>u</kbd>" not in shown["page"]  # nothing to undo yet
 
@@ -221,7 +222,9 @@ def test_a_client_error_is_json_for_json_clients(client):
         ("card_id", "-", "'card_id' must be a whole number"),
         ("choice", "-1", "'choice' must be from 0 to 99, got -1."),
         ("duration_ms", "-1", "'duration_ms' must be from 0 to 86400000, got -1."),
-        ("card_id", "9" * 5000, "'card_id' must be a whole number"),
+        # A whole number too long to read is out of range, not "not a whole number" (it said that).
+        ("card_id", "9" * 5000, "'card_id' must be from 0 to 2147483647, got 99999999999999999999… (5000 digits)."),
+        ("version", "9999999999999999999", "'version' must be from 0 to 2147483647, got 9999999999999999999."),
         ("card_id", "99999999999", "'card_id' must be from 0 to 2147483647"),
         ("version", "", "'version' is missing"),
         ("choice", "7", "choice must be from 0 to 3"),
@@ -243,6 +246,23 @@ def test_bad_form_input_is_a_400_that_names_the_field(client, app, csrf_token, f
     assert response.status_code == 400, text(response)
     assert message in text(response)
     assert logs(app) == []
+
+
+@pytest.mark.parametrize("field", ["quality", "card_id"])
+def test_a_field_sent_twice_with_different_values_is_refused(client, app, csrf_token, field):
+    # `quality=1&quality=5` recorded grade 1: the first value won, whatever the sender meant.
+    shown = shown_card(client)
+    c = card(app, shown["card_id"])
+    data = {"csrf_token": csrf_token, "card_id": shown["card_id"], "version": shown["version"], "choice": str(c.answer),
+            "quality": "5"}
+    data[field] = [str(data[field]), "4" if field == "quality" else "999"]
+    response = client.post("/study/grade", data=data)
+    assert response.status_code == 400, text(response)
+    assert f"The form field '{field}' was sent 2 different ways" in text(response) and "send it once" in text(response)
+    assert logs(app) == []
+    data[field] = [data[field][0]] * 2  # the same value twice says one thing: taken
+    assert client.post("/study/grade", data=data).status_code == 302
+    assert len(logs(app)) == 1
 
 
 def test_a_negative_whole_number_is_told_the_fields_range(client, app, csrf_token):
@@ -332,16 +352,40 @@ def test_an_undo_form_posted_twice_undoes_one_review(client, app, csrf_token):
     assert older.undone_at is None and newer.undone_at is not None
 
 
-def test_an_undo_form_for_a_review_no_longer_last_is_refused(client, app, csrf_token):
-    shown = shown_card(client)
-    submit(client, csrf_token, shown, card(app, shown["card_id"]).answer, 5)
-    stale = undo_form(shown_card(client)["page"])  # offered before the next review
-    shown = shown_card(client)
-    submit(client, csrf_token, shown, card(app, shown["card_id"]).answer, 5)
-    refused = client.post("/study/undo", data=stale)
-    assert refused.status_code == 409 and "newer review" in text(refused)
+def test_a_stale_undo_form_lands_on_the_study_page_naming_the_latest_review_and_undoes_nothing(client, app, csrf_token):
+    # It was a 409 page whose advice, "reload and try again", posted the same stale form again: another 409.
+    shown = shown_card(client, "/study?deck=alpha")
+    submit(client, csrf_token, shown, card(app, shown["card_id"]).answer, 5, deck="alpha")
+    shown = shown_card(client, "/study?deck=alpha")
+    second = card(app, shown["card_id"])
+    stale = undo_form(text(submit(client, csrf_token, shown, second.answer, deck="alpha")))  # offers the first review
+    submit(client, csrf_token, shown, second.answer, 4, deck="alpha")
+    older, newer = logs(app)
+    assert stale["review_id"] == str(older.id)
+    for _ in range(2):  # sent again (a reload of a page that posted it) it is the same harmless redirect
+        response = client.post("/study/undo", data=stale)
+        assert response.status_code == 302 and response.location == "/study?deck=alpha"
+        page = text(client.get(response.location))
+        assert ('<p class="flash" role="alert" tabindex="-1">This page was out of date: a newer review came after the '
+                "one it offered to undo, so nothing was undone. The latest review in Alpha deck is your grade 4 for "
+                f"“{second.prompt}”; u here undoes it.</p>") in page
+        assert undo_form(page)["review_id"] == str(newer.id)
+    as_json = client.post("/study/undo", data=stale, headers={"Accept": "application/json"})  # an API client
+    assert as_json.status_code == 409 and "a newer review came after" in as_json.get_json()["error"]
     assert [log.undone_at for log in logs(app)] == [None, None]
     assert client.post("/study/undo", data={**stale, "review_id": "x"}).status_code == 400
+
+
+def test_a_stale_undo_form_with_no_review_left_to_undo_says_so(client, app, csrf_token):
+    shown = shown_card(client, "/study?deck=alpha")
+    submit(client, csrf_token, shown, card(app, shown["card_id"]).answer, 5, deck="alpha")
+    [log] = logs(app)
+    # An alpha review named by a beta session's form: beta has no review to undo.
+    response = client.post("/study/undo", data={"csrf_token": csrf_token, "review_id": str(log.id), "deck": "beta"})
+    assert response.status_code == 302 and response.location == "/study?deck=beta"
+    assert ("This page was out of date: a newer review came after the one it offered to undo, so nothing was undone. "
+            "There is no review in Beta deck to undo.") in text(client.get(response.location))
+    assert logs(app)[0].undone_at is None
 
 
 def test_a_grade_resubmitted_after_its_undo_says_so(client, app, csrf_token):
@@ -461,3 +505,73 @@ def test_a_lab_run_the_database_refuses_is_a_503_not_a_bare_500(locked_app):
     with write_lock_held():
         refused = client.post("/labs/what-fsdp-shards/runs", json={}, headers={"X-CSRF-Token": token})
     assert refused.status_code == 503 and "could not be read or written (database is locked)" in refused.get_json()["error"]
+
+
+# --- What a screen reader and a keyboard meet -------------------------------------------
+
+
+LONG_DECK = """\
+id: long
+title: Long deck
+questions:
+  - id: long-q
+    prompt: {prompt}
+    choices:
+      - text: All three
+        correct: true
+      - text: None
+        why_wrong: It shards them.
+    explanation: All three.
+    lab: what-fsdp-shards
+    tags: [fsdp]
+"""
+
+
+def title_of(page: str) -> str:
+    return html.unescape(re.search(r"<title>(.*?)</title>", page, re.S).group(1))
+
+
+def test_the_answer_page_says_right_or_wrong_in_its_title_and_heading_and_focuses_the_first_grade(client, app, csrf_token):
+    # Both said "Answer · Sharding study", and the verdict was a live region before the h1, present at load.
+    shown = shown_card(client)
+    c = card(app, shown["card_id"])
+    wrong = next(i for i in range(len(c.choices)) if i != c.answer)
+    for choice, verdict, first_grade in ((c.answer, "Right", "3"), (wrong, "Wrong", "0")):
+        page = submit(client, csrf_token, shown, choice).get_data(as_text=True)
+        assert title_of(page) == f"{verdict} · Answer · Sharding study"
+        heading = re.search(r"<h1[^>]*>(.*?)</h1>", page, re.S).group(1)
+        assert " ".join(re.sub(r"<[^>]+>", "", html.unescape(heading)).split()) == f"{verdict}: {c.prompt}"
+        assert 'role="status"' not in heading
+        assert re.findall(r'<button type="submit" name="quality" value="(\d)"[^>]*\bautofocus\b', page) == [first_grade]
+
+
+def test_the_question_page_is_titled_by_its_prompt_shortened_at_a_word(client, app, tmp_path):
+    assert title_of(shown_card(client)["page"]) == "What does FSDP shard that DDP replicates? · Sharding study"
+    long_prompt = "Which memory categories does FSDP shard across the data-parallel ranks when it runs with full sharding?"
+    sync_bank(get_engine(app), write_bank(tmp_path / "bank-long", {"long": LONG_DECK.format(prompt=long_prompt)}))
+    page = shown_card(client, "/study?deck=long")["page"]
+    assert title_of(page) == "Which memory categories does FSDP shard across the… · Sharding study"
+
+
+@pytest.mark.parametrize("url, current", [
+    ("/", "Decks"), ("/decks/alpha", "Decks"), ("/study", "Study all"), ("/study?deck=beta", "Study all"),
+    ("/labs", "Labs"), ("/stats", "Stats"),
+])
+def test_the_nav_marks_the_current_section(client, url, current):
+    nav = re.search(r'<nav class="top">(.*?)</nav>', client.get(url).get_data(as_text=True), re.S).group(1)
+    marked = re.findall(r'<a [^>]*aria-current="page"[^>]*>([^<]*)', nav)
+    assert [name.strip() for name in marked] == [current]
+
+
+def test_a_shortcuts_kbd_is_hidden_from_its_controls_name_and_h_announces_its_key(client, app, csrf_token):
+    shown = shown_card(client)
+    first = card(app, shown["card_id"])
+    submit(client, csrf_token, shown, first.answer, 5)
+    question = shown_card(client)
+    answer = submit(client, csrf_token, question, card(app, question["card_id"]).answer).get_data(as_text=True)
+    for page in (question["page"], answer):
+        controls = re.findall(r"<(?:button|label)\b.*?</(?:button|label)>", page, re.S)
+        kbds = [kbd for control in controls for kbd in re.findall(r"<kbd[^>]*>", control)]
+        assert kbds and set(kbds) == {'<kbd aria-hidden="true">'}
+        assert re.search(r'<a href="/" data-key="h" aria-keyshortcuts="h"[^>]*>Decks <kbd aria-hidden="true">h</kbd></a>',
+                         page)

@@ -8,15 +8,19 @@ Content-Security-Policy does not govern; the app itself serves no inline script 
 
 from __future__ import annotations
 
+import json
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-from conftest import with_committed_lab_results
+from conftest import ALPHA_DECK, BETA_DECK, REPO, with_committed_lab_results, write_bank
 from playwright.sync_api import Page, expect
 from review_driver import drive_reviews
+from sqlmodel import Session
 
 from studyapp.db import get_engine
 from studyapp.lab_runs import enqueue
+from studyapp.models import LabRun, RunStatus
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -169,9 +173,11 @@ def test_the_review_flow_stats_and_a_lab_fit_a_phone(page: Page, live_server: st
             break
         no_horizontal_scroll(page)
         page.locator("ol.choices label").first.click()
-        page.get_by_role("button", name="Check answer").click()
+        with page.expect_navigation():  # measured on the next page, never on one that is leaving
+            page.get_by_role("button", name="Check answer").click()
         no_horizontal_scroll(page)
-        page.locator("button.grade").first.click()
+        with page.expect_navigation():
+            page.locator("button.grade").first.click()
     no_horizontal_scroll(page)
     for path in ["/stats", "/labs", "/labs/what-fsdp-shards", "/questions/alpha-shards", "/stats/tags/fsdp"]:
         page.goto(live_server + path)
@@ -246,3 +252,110 @@ def test_the_audit_reports_what_it_should(page: Page):
     page.set_content('<html lang="en"><body><main><img src="x.png"><button></button></main></body></html>')
     found = audit(page)
     assert any(line.startswith("image-alt") for line in found) and any(line.startswith("button-name") for line in found)
+
+
+def audit_rules(page: Page, rules: list[str]) -> list[str]:
+    """The violations of just these axe rules, whatever their impact (audit() keeps serious and critical)."""
+    if not page.evaluate("typeof window.axe === 'object'"):
+        page.evaluate(AXE.read_text(encoding="utf-8") + "\n;0")
+    violations = page.evaluate("async (rules) => (await axe.run(document, {runOnly: {type: 'rule', values: rules}, "
+                               "resultTypes: ['violations']})).violations", rules)
+    return [f"{v['id']}: {v['help']} at {[n['target'] for n in v['nodes']][:3]}" for v in violations]
+
+
+def test_each_study_link_names_its_deck_and_the_decks_table_has_every_header(page: Page, live_server: str):
+    # The links were "Study 1" and "Study 2", under an empty <th>, beside a deck name in a plain <td>.
+    page.goto(live_server + "/")
+    table = page.locator("table.decks")
+    expect(table.get_by_role("link", name="Study Alpha deck", exact=True)).to_have_attribute("href", "/study?deck=alpha")
+    expect(table.get_by_role("link", name="Study Beta deck", exact=True)).to_have_attribute("href", "/study?deck=beta")
+    expect(table.get_by_role("rowheader")).to_have_text(["Alpha deck", "Beta deck"])
+    expect(table.get_by_role("columnheader")).to_have_text(["Deck", "Study", "Due", "Repeats", "New", "Learned", "Anki"])
+    assert audit_rules(page, ["empty-table-header", "th-has-data-cells", "td-has-header"]) == []
+    page.keyboard.press("2")  # the key still studies the second deck
+    expect(page).to_have_url(live_server + "/study?deck=beta")
+
+
+ADAM = "Adam's optimizer state against the model"  # the lab's title in the catalogue
+
+
+def test_links_to_a_labs_run_form_say_so_and_name_the_lab(page: Page, live_server: str):
+    # Every one of them was "Run it here", and the card's "Run this lab →" only opens the lab's page.
+    page.goto(live_server + "/labs")
+    items = page.locator("ul.labs > li", has_text="committed reference")
+    assert items.count() >= 20  # a fresh install: every lab has its committed reference
+    for i in range(items.count()):
+        item = items.nth(i)
+        lab = item.get_by_role("link").first
+        title, href = lab.inner_text(), lab.get_attribute("href")
+        expect(item.get_by_role("link", name=f"Run it here (goes to the form that runs “{title}”)", exact=True)
+               ).to_have_attribute("href", href + "#run-lab")
+
+    page.goto(live_server + "/labs/adam-optimizer-state")  # not run here: two links up to the form
+    expect(page.locator("#lab-results").get_by_role(
+        "link", name=f"Run it here (goes to the form above that runs “{ADAM}”)", exact=True)).to_have_count(2)
+    expect(page.get_by_role("link", name="Run it here", exact=True)).to_have_count(0)
+
+    page.goto(live_server + "/questions/beta-adam")
+    lab_box = page.locator("section.lab")
+    expect(lab_box.get_by_role("link", name=f"Run it here (goes to the form that runs “{ADAM}”)", exact=True)
+           ).to_have_attribute("href", "/labs/adam-optimizer-state#run-lab")
+    expect(lab_box.get_by_role("link", name=f"Run this lab (opens the page of “{ADAM}”)", exact=True)
+           ).to_have_attribute("href", "/labs/adam-optimizer-state")
+
+
+class TestADeckAndItsTagOfTheSameName:
+    """Every card of the beta deck tagged beta, as every card of the real bank's beyond deck is tagged beyond."""
+
+    @pytest.fixture
+    def bank_dir(self, tmp_path: Path) -> Path:
+        return write_bank(tmp_path / "bank", {"alpha": ALPHA_DECK, "beta": BETA_DECK.replace("tags: [zero]", "tags: [beta]")})
+
+    def test_the_mastery_table_names_the_deck_link_apart_from_the_tag_link(self, page: Page, live_server: str):
+        # Both links were named "beta".
+        page.goto(live_server + "/stats")
+        row = page.locator('tr[data-topic="deck:beta"]')
+        expect(row).to_contain_text("every card tagged beta")
+        expect(row.get_by_role("link", name="Deck beta", exact=True)).to_have_attribute("href", "/decks/beta")
+        expect(row.get_by_role("link", name="beta", exact=True)).to_have_attribute("href", "/stats/tags/beta")
+
+
+def local_run(app, lab_id: str, charts: dict[str, str]) -> None:
+    """A finished local run of `lab_id`: the committed reference's result, with these charts."""
+    reference = json.loads((REPO / "exports" / "lab-results.json").read_text(encoding="utf-8"))[lab_id]
+    moment = datetime(2026, 3, 1, 9, 30, tzinfo=timezone.utc)
+    with Session(get_engine(app)) as session:
+        session.add(LabRun(lab_id=lab_id, params={"world_size": 2}, status=RunStatus.done,
+                           result={**reference, "charts": charts}, created_at=moment, started_at=moment, finished_at=moment))
+        session.commit()
+
+
+# A chart as sharding_lab.svg draws one: the chart's <title>, then a <title> on each mark, shown on hover.
+CHART = ("<svg xmlns='http://www.w3.org/2000/svg' viewBox='0 0 200 80' width='200' height='80' role='img' "
+         "aria-label='Model states per rank'><title>Model states per rank</title>"
+         "<rect x='10' y='10' width='60' height='20' fill='#0072B2'><title>ddp: params 939 KiB</title></rect>"
+         "<rect x='70' y='10' width='60' height='20' fill='#E69F00'><title>ddp: grads 939 KiB</title></rect>"
+         "<rect x='10' y='40' width='30' height='20' fill='#0072B2'><title>zero3: params 470 KiB</title></rect>"
+         "<text x='140' y='25'>1.8 MiB</text></svg>")
+
+
+def test_after_a_local_run_the_latest_and_the_reference_tables_are_named_apart(page: Page, live_server: str, app):
+    # Both regions were named "Adam's optimizer state against the model table" (axe landmark-unique).
+    local_run(app, "adam-optimizer-state", {"model_states": CHART})
+    page.goto(live_server + "/labs/adam-optimizer-state")
+    expect(page.get_by_role("region", name=f"{ADAM} table, latest run", exact=True)).to_have_count(1)
+    expect(page.get_by_role("region", name=f"{ADAM} table, committed reference", exact=True)).to_have_count(1)
+    assert audit_rules(page, ["landmark-unique"]) == []
+
+
+def test_a_lab_chart_gives_the_figures_of_its_hover_titles_as_text(page: Page, live_server: str, app):
+    # Its figures were only in the <title>s a mouse pointer shows.
+    local_run(app, "adam-optimizer-state", {"model_states": CHART})
+    page.goto(live_server + "/labs/adam-optimizer-state")
+    figure = page.locator("figure.lab-chart")
+    expect(figure.get_by_role("img", name="Model states per rank")).to_be_visible()
+    details = figure.locator("details")
+    expect(details.locator("summary")).to_have_text("Model states per rank: the figures as a list")
+    details.locator("summary").click()
+    expect(details.locator("li")).to_have_text(["ddp: params 939 KiB", "ddp: grads 939 KiB", "zero3: params 470 KiB"])
+    assert audit(page) == []

@@ -105,3 +105,27 @@ class TestAFullDisk(DatabaseOnSmallDisk):
         (small_disk / "filler").unlink()
         expect(page.locator("#run-status")).to_contain_text("Run #1 done in", timeout=20_000)
         expect(page.locator(".finding")).to_contain_text("fake finding for adam-optimizer-state at 2 ranks")
+
+
+class TestAFakeLab:
+    """The lab is tests/data/fake_sharding_lab.py, done in about a second."""
+
+    @pytest.fixture
+    def app_config(self, app_config: dict) -> dict:
+        return {**app_config, "LAB_COMMAND": [sys.executable, str(FAKE_LAB), "--sleep", "1"]}
+
+    def test_run_this_lab_keeps_focus_on_the_status_line_and_tab_goes_on_to_the_result(self, page: Page, live_server: str,
+                                                                                       worker):
+        # The button was disabled while it had focus: focus fell to <body>, and Tab began again from the top.
+        page.goto(live_server + "/labs/adam-optimizer-state")
+        page.get_by_role("button", name="Run this lab").focus()
+        page.keyboard.press("Enter")
+        status = page.locator("#run-status")
+        expect(status).to_be_focused()
+        expect(status).to_contain_text("Run #1 done in", timeout=30_000)
+        expect(page.locator(".finding")).to_have_text("fake finding for adam-optimizer-state at 2 ranks")
+        expect(status).to_be_focused()
+        page.keyboard.press("Tab")  # on to the result the run just gave
+        expect(page.get_by_role("region", name="Fake table, latest run")).to_be_focused()
+        page.keyboard.press("Shift+Tab")  # and back to the button, enabled again
+        expect(page.get_by_role("button", name="Run this lab")).to_be_focused()

@@ -154,3 +154,34 @@ class TestAFullDisk(DatabaseOnSmallDisk):
             timeout=30_000)
         (small_disk / "filler").unlink()
         expect(page.locator("#simulated-zero3-total")).to_contain_text("1.02 kB", timeout=20_000)
+
+
+def test_simulate_keeps_focus_on_the_status_line_and_only_that_line_is_live(page: Page, live_server: str, worker):
+    # The button was disabled while it had focus, and the whole answer was one polite live region.
+    page.goto(live_server + "/plan?size=gpt2-small&gpus=8&micro_batch=2&seq=512&strategy=zero3")
+    assert page.evaluate("[...document.querySelectorAll('[aria-live]')].map(e => e.id)") == ["simulation-status"]
+    page.get_by_role("button", name="Simulate (exact, FSDP2)").focus()
+    page.keyboard.press("Enter")
+    expect(page.locator("#simulation-status")).to_be_focused()
+    expect(page.locator("#simulated-table")).to_be_visible(timeout=60_000)
+    status = page.locator("#simulation-status")
+    expect(status).to_have_text(re.compile(r"Simulation #1 done in \d+\.\d s\."))
+    expect(status).to_be_focused()
+    assert page.evaluate("[...document.querySelectorAll('[aria-live]')].map(e => e.id)") == ["simulation-status"]
+    page.keyboard.press("Shift+Tab")
+    expect(page.get_by_role("button", name="Simulate again (exact, FSDP2)")).to_be_focused()
+
+
+def test_a_form_error_moves_focus_to_the_error_summary(page: Page, live_server: str):
+    # Focus stayed on <body>, above the summary of what to correct.
+    page.goto(live_server + "/plan?size=gpt2-small&gpus=8&strategy=zero3")
+    page.get_by_label("GPUs", exact=True).fill("-3")
+    page.get_by_label("GPUs", exact=True).press("Enter")
+    summary = page.locator("#plan-errors")
+    expect(summary).to_be_focused()
+    expect(summary).to_have_accessible_name("Please correct this field")
+    expect(summary).to_contain_text("GPUs must be a whole number from 1 to 131,072, got '-3'")
+    page.keyboard.press("Tab")  # on to the link to the field
+    expect(summary.get_by_role("link", name="GPUs", exact=True)).to_be_focused()
+    page.keyboard.press("Enter")
+    expect(page.get_by_label("GPUs", exact=True)).to_be_focused()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -142,6 +143,141 @@ def test_u_in_a_deck_session_undoes_that_decks_review_not_a_newer_one_elsewhere(
     with Session(get_engine(app)) as session:
         logs = session.exec(select(ReviewLog).order_by(ReviewLog.id)).all()
     assert [log.undone_at is not None for log in logs] == [True, False]
+
+
+def logged(app) -> list[tuple[int, bool]]:
+    """(grade, undone) of every review, oldest first."""
+    with Session(get_engine(app)) as session:
+        return [(log.quality, log.undone_at is not None) for log in session.exec(select(ReviewLog).order_by(ReviewLog.id))]
+
+
+def test_u_on_a_page_reached_with_back_lands_on_the_study_page_naming_the_latest_review(page: Page, live_server: str, app):
+    # It was a 409 page advising a reload, and a reload posted the same stale form: another 409.
+    page.goto(live_server + "/study?deck=alpha")
+    answer_by_keyboard(page, app, right=True, grade="5")
+    second = answer_by_keyboard(page, app, right=True, grade="4")
+    page.go_back()  # the second card's answer page, from the cache: its undo form names the first review
+    expect(page.locator(".verdict")).to_have_text("Right")
+    press_and_wait(page, "u")
+    assert page.url == live_server + "/study?deck=alpha"
+    flash = page.get_by_role("alert")
+    expect(flash).to_have_text("This page was out of date: a newer review came after the one it offered to undo, so "
+                               f"nothing was undone. The latest review in Alpha deck is your grade 4 for “{second}”; "
+                               "u here undoes it.")
+    expect(flash).to_be_focused()  # read out at once, and Tab goes on from there
+    page.reload()  # a GET of the study page: nothing is sent again
+    expect(page.locator("h1.prompt")).to_be_visible()
+    assert logged(app) == [(5, False), (4, False)]
+    press_and_wait(page, "u")  # what the flash said u does here
+    expect(page.locator(".flash")).to_have_text(f"Undid your grade 4 for “{second}”: the card is back as it was.")
+    assert logged(app) == [(5, False), (4, True)]
+
+
+def answer_right(page: Page, app) -> str:
+    """On a question page: pick the right choice by its key and check it; the prompt."""
+    prompt = page.locator("h1.prompt").inner_text()
+    page.keyboard.press(str(page.locator("ol.choices .choice-text").all_inner_texts().index(correct_text(app, prompt)) + 1))
+    press_and_wait(page, "Enter")
+    return prompt
+
+
+def test_the_answer_page_says_the_verdict_and_focuses_the_first_grade_in_view(page: Page, live_server: str, app):
+    # The verdict was a live region present at load (never announced) before the h1, the title said
+    # "Answer" either way, and the focus stayed on the body with the grades ~1600 px down.
+    page.set_viewport_size({"width": 1100, "height": 500})  # the test bank's cards are short: grades below the fold
+    page.goto(live_server + "/study")
+    prompt = page.locator("h1.prompt").inner_text()
+    page.keyboard.press(str(page.locator("ol.choices .choice-text").all_inner_texts().index(correct_text(app, prompt)) + 1))
+    with page.expect_navigation():
+        page.keyboard.down("Enter")  # and held: the answer page comes while it is down
+    expect(page).to_have_title("Right · Answer · Sharding study")
+    # (Chromium spaces the hidden colon off: it is positioned, so a block of its own.)
+    expect(page.get_by_role("heading", level=1)).to_have_accessible_name(re.compile(rf"^Right ?: {re.escape(prompt)}$"))
+    grades = page.get_by_role("group", name="Right How well did you recall it?")
+    first = grades.get_by_role("button").first
+    expect(first).to_have_attribute("value", "3")
+    expect(first).to_be_focused()
+    assert first.evaluate("button => button.getBoundingClientRect().top + scrollY") > 500
+    expect(first).to_be_in_viewport()  # scrolled to
+    page.keyboard.down("Enter")  # its auto-repeat (repeat: true) must not go on to press the focused grade
+    page.keyboard.up("Enter")
+    page.keyboard.press("Tab")  # handled after the Enters: had one sent the form, the page would be leaving
+    expect(grades.get_by_role("button").nth(1)).to_be_focused()
+    assert page.url == live_server + "/study/answer" and logged(app) == []
+
+
+def test_after_a_grade_is_sent_tab_still_moves_but_no_key_sends_it_again(page: Page, live_server: str, app):
+    # Every key was swallowed until the next page came: Tab, End and the arrows did nothing.
+    page.goto(live_server + "/study")
+    answer_right(page, app)
+    # Recorded where it survives the navigation (the page cannot be read while it is leaving): each
+    # submit, and each element the focus moves to.
+    page.evaluate("""() => {
+        window.addEventListener('submit', () => { sessionStorage.submits = (+sessionStorage.submits || 0) + 1 }, true);
+        document.addEventListener('focusin', event => { sessionStorage.focused = (sessionStorage.focused || '') + event.target.value + ' ' });
+    }""")
+    held = []
+    page.route("**/study/grade", lambda route: held.append(route))  # the grade stays on its way while the keys are tried
+    with page.expect_request("**/study/grade"):
+        page.keyboard.press("5")
+    for key in ("Tab", "Enter", " ", "4", "u"):  # on the focused grade button, Enter and Space would press it
+        page.keyboard.press(key)
+    with page.expect_navigation():
+        held[0].continue_()
+    assert page.evaluate("[sessionStorage.submits, sessionStorage.focused]") == ["1", "4 "]  # Tab: from 3 to 4
+    assert logged(app) == [(5, False)]
+
+
+def test_h_in_a_form_the_user_changed_keeps_the_page_and_its_entries(page: Page, live_server: str):
+    # `h` on a focused checkbox went home, and what the form held was lost.
+    page.goto(live_server + "/plan")
+    box = page.locator("#plan-form input[type=checkbox]").first
+    was_checked = box.is_checked()
+    requested: list[str] = []
+    page.on("request", lambda request: requested.append(request.url))
+    box.click()  # changed, and focused
+    page.keyboard.press("h")
+    expect(box).to_be_checked(checked=not was_checked)
+    page.locator("h1").click()  # out of the form: h is home again
+    press_and_wait(page, "h")
+    assert [url for url in requested if url == live_server + "/"] == [live_server + "/"]  # one visit: the second h's
+
+
+def test_a_choice_picked_with_the_mouse_leaves_the_digit_keys_working(page: Page, live_server: str):
+    page.goto(live_server + "/study")
+    radios = page.locator("input[name=choice]")
+    radios.nth(0).click()  # changes the answer form: its own keys still pick
+    page.keyboard.press("2")
+    expect(radios.nth(1)).to_be_checked()
+    expect(radios.nth(1)).to_be_focused()
+
+
+def test_shortcuts_are_announced_as_keys_not_read_into_names(page: Page, live_server: str, app):
+    # The <kbd> made "Check answer Enter" and "Undo last review u"; h and s had no aria-keyshortcuts.
+    page.goto(live_server + "/study")
+    expect(page.get_by_role("link", name="Decks", exact=True)).to_have_attribute("aria-keyshortcuts", "h")
+    expect(page.get_by_role("button", name="Check answer", exact=True)).to_have_attribute("aria-keyshortcuts", "Enter")
+    prompt = page.locator("h1.prompt").inner_text()
+    right = page.get_by_role("radiogroup", name=prompt).get_by_role("radio", name=correct_text(app, prompt), exact=True)
+    expect(right).to_have_attribute("aria-keyshortcuts", re.compile(r"^[1-4]$"))
+    answer_right(page, app)
+    press_and_wait(page, "5")
+    expect(page.get_by_role("button", name="Undo last review", exact=True)).to_have_attribute("aria-keyshortcuts", "u")
+    page.goto(live_server + "/")
+    expect(page.get_by_role("link", name=re.compile("^Study all decks"))).to_have_attribute("aria-keyshortcuts", "s")
+    page.goto(live_server + "/decks/alpha")
+    expect(page.get_by_role("link", name=re.compile("^Study this deck"))).to_have_attribute("aria-keyshortcuts", "s")
+
+
+def test_a_grade_key_outside_the_answers_range_says_which_apply(page: Page, live_server: str, app):
+    # `1` after a right answer did nothing, and said nothing.
+    page.goto(live_server + "/study")
+    answer_right(page, app)
+    hint = page.get_by_role("status")
+    expect(hint).to_have_text("")
+    page.keyboard.press("1")
+    expect(hint).to_have_text("This answer was right: grade it 3, 4 or 5.")
+    assert page.url == live_server + "/study/answer" and logged(app) == []
 
 
 @pytest.mark.parametrize("ci, outcome", [("", "1 skipped"), ("true", "1 error")])

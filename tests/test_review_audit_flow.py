@@ -14,7 +14,7 @@ from studyapp.models import Card
 
 
 def flashes(page: str) -> list[str]:
-    return re.findall(r'<p class="flash" role="status">([^<]*)</p>', page)
+    return re.findall(r'<p class="flash" role="status"[^>]*>([^<]*)</p>', page)
 
 
 def test_a_stale_answer_form_shows_its_card_again_when_it_is_still_up(client, app, csrf_token):

@@ -56,6 +56,9 @@
   form.addEventListener("submit", async function (event) {
     event.preventDefault();
     say("Queuing…");
+    // Focus the status line before the button is disabled: a disabled button drops focus to <body>.
+    // It stays there through the run (outside #lab-results), and Tab goes on to the result.
+    status.focus();
     button.disabled = true;
     try {
       const response = await fetch(form.action, {

@@ -10,7 +10,8 @@
   if (!results) return;
 
   function form() { return document.getElementById("simulate-form"); }
-  function say(text) { const status = document.getElementById("simulation-status"); if (status) status.textContent = text; }
+  function statusLine() { return document.getElementById("simulation-status"); }
+  function say(text) { const status = statusLine(); if (status) status.textContent = text; }
   function busy(on) { const f = form(); if (f) f.querySelector("button[type=submit]").disabled = on; }
 
   function describe(run) {
@@ -30,11 +31,16 @@
     return "Simulation #" + run.run_id + " failed: " + String(run.error || "").split("\n")[0];
   }
 
+  // Only the status line is live: the answer is swapped in silently, and where focus was in it (on the
+  // status line, since the submit) it goes to the new status line, which then says how the run ended.
   async function refresh(url, message) {
     const response = await fetch(url, { headers: { Accept: "text/html" } });
     if (response.ok) {
+      const focused = results.contains(document.activeElement);
       results.innerHTML = await response.text();  // rendered and escaped by the server
       say(message);
+      const status = statusLine();
+      if (focused && status) status.focus();
     }
   }
 
@@ -62,6 +68,9 @@
     const body = {};
     for (const [name, value] of new FormData(f)) if (name !== "csrf_token") body[name] = String(value);
     say("Queuing…");
+    // Focus the status line before the button is disabled: a disabled button drops focus to <body>.
+    const status = statusLine();
+    if (status) status.focus();
     busy(true);
     try {
       const response = await fetch(f.action, {

@@ -11,23 +11,35 @@ from studyapp.bank import SLUG
 MAX_ID = 2**31 - 1  # fits every database's INTEGER column
 
 
+def form_value(name: str) -> str | None:
+    """The form field's one value (None when it is absent). Sent twice with different values, it is a
+    400: taking the first would record what the sender may not have meant (`quality=1&quality=5`)."""
+    values = list(dict.fromkeys(request.form.getlist(name)))
+    if len(values) > 1:
+        shown = ", ".join(repr(value[:40]) for value in values[:3])
+        abort(400, description=f"The form field '{name}' was sent {len(values)} different ways ({shown}): send it once.")
+    return values[0] if values else None
+
+
 def form_int(name: str, minimum: int = 0, maximum: int = MAX_ID) -> int:
-    raw = request.form.get(name)
+    raw = form_value(name)
     if raw is None or raw.strip() == "":
         abort(400, description=f"The form field '{name}' is missing.")
     raw = raw.strip()
     digits = raw.removeprefix("-")  # a negative whole number is one: the range check below refuses it
-    if not digits.isascii() or not digits.isdigit() or len(digits) > max(12, len(str(maximum))):
+    if not digits.isascii() or not digits.isdigit():
         abort(400, description=f"The form field '{name}' must be a whole number, got {raw[:40]!r}.")
-    value = int(raw)
-    if not minimum <= value <= maximum:
-        abort(400, description=f"The form field '{name}' must be from {minimum} to {maximum}, got {value}.")
-    return value
+    # A whole number too long to read is out of range: said so, without converting all its digits.
+    too_long = len(digits) > max(12, len(str(maximum)))
+    shown = raw if len(raw) <= 20 else f"{raw[:20]}… ({len(digits)} digits)"
+    if too_long or not minimum <= int(raw) <= maximum:
+        abort(400, description=f"The form field '{name}' must be from {minimum} to {maximum}, got {shown}.")
+    return int(raw)
 
 
 def optional_form_int(name: str, minimum: int = 0, maximum: int = MAX_ID) -> int | None:
     """Like form_int, but a missing or empty field is None (a malformed one is still a 400)."""
-    raw = request.form.get(name)
+    raw = form_value(name)
     if raw is None or raw.strip() == "":
         return None
     return form_int(name, minimum, maximum)

@@ -16,10 +16,12 @@ and the JSON API that runs it (through studyapp.lab_runs, never in this process)
 
 from __future__ import annotations
 
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from typing import Any
 
 from flask import Blueprint, abort, current_app, flash, jsonify, redirect, render_template, request, url_for
+from markupsafe import Markup
 from sqlmodel import Session, select
 
 from sharding_lab.catalog import CATALOG, LabInfo, lab_info
@@ -151,10 +153,37 @@ def _results(lab_id: str) -> dict[str, Any]:
         "latest": latest,
         "result": ShownResult.parse(result) if result is not None else None,
         "reference": ShownResult.parse(finding.reference) if finding and finding.reference is not None else None,
-        "charts": safe_charts(result.get("charts")) if result else [],
+        "charts": shown_charts(result.get("charts")) if result else [],
         "runs": runs,
         "run_ranks": {run.id: run_ranks(lab_id, run) for run in runs},
     }
+
+
+@dataclass(frozen=True)
+class ShownChart:
+    """A run's chart as labs/_results.html shows it: the SVG cleaned by studyapp.safe_svg (None when
+    refused), its title, and its figures as text."""
+
+    name: str
+    svg: Markup | None
+    title: str
+    figures: list[str]  # each mark's hover <title> ("ddp: params 939 KiB"), in the order drawn
+
+
+def shown_charts(charts: object) -> list[ShownChart]:
+    """The run's charts with a text alternative. A sharding_lab.svg chart keeps its figures only in the
+    <title> of each bar segment or marker, which a mouse shows on hover; the run stores no other copy of
+    them (its measurements are the engine's raw JSON), so they are read back from those titles."""
+    shown = []
+    for name, svg in safe_charts(charts):
+        if svg is None:
+            shown.append(ShownChart(name, None, name, []))
+            continue
+        root = ET.fromstring(str(svg))  # well-formed: safe_svg rebuilt it from parsed XML
+        marks = [element for element in root.iter() if element is not root]
+        figures = [text for mark in marks if (text := (mark.findtext("title") or "").strip())]
+        shown.append(ShownChart(name, svg, (root.findtext("title") or "").strip() or name, figures))
+    return shown
 
 
 @bp.post("/<lab_id>/runs")

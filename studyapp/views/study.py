@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 
+from studyapp.auth import wants_json
 from studyapp.db import get_session
 from studyapp.models import Card, Deck
 from studyapp.study import (
     AlreadyUndone,
     RepeatEnded,
+    ReviewConflict,
     ReviewRejected,
     choice_order,
     day_progress,
@@ -155,6 +157,18 @@ def submit_grade():
     return redirect(_study_url(deck))
 
 
+def _out_of_date_undo(conflict: ReviewConflict, deck: Deck | None) -> str:
+    """What an undo that lost to a newer review is told: why nothing was undone, and what `u` undoes now."""
+    where = f" in {deck.title}" if deck else ""
+    latest = last_live_review(get_session(), deck.id if deck else None)
+    if latest is None:
+        now = f"There is no review{where} to undo."
+    else:
+        card = get_session().get(Card, latest.card_id)
+        now = f"The latest review{where} is your grade {latest.quality} for “{card.prompt}”; u here undoes it."
+    return f"This page was out of date: {conflict}. {now}"
+
+
 @bp.post("/undo")
 def undo():
     deck = _deck_filter(request.form.get("deck"))
@@ -164,6 +178,14 @@ def undo():
     except AlreadyUndone as already:  # the same undo form again: it counts once, as a grade does
         flash("That review was already undone; nothing changed.")
         return redirect(_study_url(deck, already.log.card_id))
+    except ReviewConflict as conflict:
+        # A page from before the latest review (Back, another tab): undo_last undid nothing. A redirect
+        # to the study page, whose undo form names the latest review, where a 409 page's reload would
+        # only post the same stale form again. A JSON client keeps its 409.
+        if wants_json():
+            abort(409, description=str(conflict))
+        flash(_out_of_date_undo(conflict, deck), "error")
+        return redirect(_study_url(deck))
     except ReviewRejected as rejected:
         abort(rejected.status, description=str(rejected))
     if undone is None:
