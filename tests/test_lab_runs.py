@@ -142,6 +142,15 @@ def test_a_world_size_outside_the_allowed_set_is_400_and_queues_nothing(client, 
     assert runs(app) == []
 
 
+def test_a_form_field_sent_twice_with_different_values_is_refused(client, csrf_token, app):
+    # `world_size=4&world_size=abc` queued a 4-rank run: the first value won.
+    response = client.post(f"/labs/{LAB}/runs", data={"csrf_token": csrf_token, "world_size": ["4", "abc"]},
+                           headers={"Accept": "application/json"})
+    assert response.status_code == 400
+    assert "The form field 'world_size' was sent 2 different ways ('4', 'abc')" in response.get_json()["error"]
+    assert runs(app) == []
+
+
 def test_free_form_arguments_are_refused(client, csrf_token, app):
     response = post_run(client, csrf_token, world_size=2, extra="--device cuda")
     assert response.status_code == 400 and "takes only world_size and device" in response.get_json()["error"]

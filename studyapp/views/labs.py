@@ -36,7 +36,7 @@ from studyapp.lab_runs.findings import LabFinding, ShownResult, lab_findings
 from studyapp.lab_runs.queue import ACTIVE, active_runs, aware, expected_seconds, queue_position, utcnow
 from studyapp.models import Card, LabRun
 from studyapp.safe_svg import safe_charts
-from studyapp.views.forms import json_body
+from studyapp.views.forms import form_value, json_body
 
 bp = Blueprint("labs", __name__, url_prefix="/labs")
 PAST_RUNS_SHOWN = 20
@@ -217,7 +217,7 @@ def _run_request() -> RunRequest:
         if not isinstance(body, dict):
             abort(400, description="The body must be a JSON object such as {\"world_size\": 2, \"device\": \"cpu\"}.")
     else:
-        body = {key: value for key, value in request.form.items() if key != FORM_FIELD}
+        body = {key: form_value(key) for key in request.form if key != FORM_FIELD}
     unknown = sorted(set(body) - set(RunRequest.__dataclass_fields__))
     if unknown:
         abort(400, description=f"Unknown parameter(s): {', '.join(name[:40] for name in unknown[:5])}; "
