@@ -146,7 +146,10 @@ def test_serve_beyond_loopback_requires_the_login_and_prints_the_token_url_once(
     assert not served["debug"]
 
 
-def test_serve_on_a_taken_port_says_so_without_a_traceback_and_starts_nothing(runner, app, monkeypatch):
+@pytest.mark.parametrize("debug", [False, True])
+def test_serve_on_a_taken_port_says_so_in_one_line_and_starts_nothing(runner, app, monkeypatch, debug):
+    # With --debug, Werkzeug's own bind printed two lines of its own ("Address already in use", "Port N
+    # is in use by another program...") and exited, with no `Error:` line.
     import socket
 
     started = []
@@ -155,29 +158,12 @@ def test_serve_on_a_taken_port_says_so_without_a_traceback_and_starts_nothing(ru
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = runner.invoke(args=["serve", "--port", str(port)])
-    assert result.exit_code == 1 and "Traceback" not in result.output
-    assert f"cannot serve on 127.0.0.1:{port}: Address already in use (another server" in result.output
-    assert started == [], "the lab worker starts only once the port is bound"
-    assert "bank synced" not in result.output, "refused before the bank is synced into the database"
-
-
-def test_serve_debug_on_a_taken_port_says_so_in_the_same_one_line_error(runner, app, monkeypatch):
-    # Werkzeug's own bind printed two lines of its own ("Address already in use", "Port N is in use by
-    # another program...") and exited, with no `Error:` line.
-    import socket
-
-    started = []
-    monkeypatch.setattr(serve_cli, "start_worker", started.append)
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        result = runner.invoke(args=["serve", "--port", str(port), "--debug"])
+        result = runner.invoke(args=["serve", "--port", str(port), *(["--debug"] if debug else [])])
     assert result.exit_code == 1
     assert result.output == (f"Error: cannot serve on 127.0.0.1:{port}: Address already in use (another server, "
                              "perhaps studyapp itself, is using it; choose another with --port)\n")
-    assert started == [] and not app.debug
+    assert started == [], "the lab worker starts only once the port is bound"
+    assert not app.debug
 
 
 @pytest.mark.parametrize("port", ["99999", "-1", "http"])
