@@ -531,18 +531,20 @@ def title_of(page: str) -> str:
     return html.unescape(re.search(r"<title>(.*?)</title>", page, re.S).group(1))
 
 
-def test_the_answer_page_says_right_or_wrong_in_its_title_and_heading_and_focuses_the_first_grade(client, app, csrf_token):
+def test_the_answer_page_says_right_or_wrong_in_its_title_and_heading_and_focuses_the_grades(client, app, csrf_token):
     # Both said "Answer · Sharding study", and the verdict was a live region before the h1, present at load.
     shown = shown_card(client)
     c = card(app, shown["card_id"])
     wrong = next(i for i in range(len(c.choices)) if i != c.answer)
-    for choice, verdict, first_grade in ((c.answer, "Right", "3"), (wrong, "Wrong", "0")):
+    for choice, verdict in ((c.answer, "Right"), (wrong, "Wrong")):
         page = submit(client, csrf_token, shown, choice).get_data(as_text=True)
         assert title_of(page) == f"{verdict} · Answer · Sharding study"
         heading = re.search(r"<h1[^>]*>(.*?)</h1>", page, re.S).group(1)
         assert " ".join(re.sub(r"<[^>]+>", "", html.unescape(heading)).split()) == f"{verdict}: {c.prompt}"
         assert 'role="status"' not in heading
-        assert re.findall(r'<button type="submit" name="quality" value="(\d)"[^>]*\bautofocus\b', page) == [first_grade]
+        # The grades' group takes the focus, not a grade: Enter there would send the lowest grade offered.
+        assert re.findall(r"<(\w+)[^>]*\bautofocus\b", page) == ["div"]
+        assert re.search(r'<div role="group" aria-labelledby="verdict recall" tabindex="-1" autofocus', page)
 
 
 def test_the_question_page_is_titled_by_its_prompt_shortened_at_a_word(client, app, tmp_path):
