@@ -127,18 +127,26 @@ def sigterm_unwinds() -> Iterator[None]:
     unwinds as from any error: its ranks are stopped and its temporary files removed, where the default
     action would leave them and the semaphores its ranks share. Not under torchrun (its agent stops ranks
     its own way) nor off the main thread; the previous handler comes back on leaving."""
-    if under_torchrun() or threading.current_thread() is not threading.main_thread():
+    with _handling(signal.SIGTERM, _exit_on_sigterm):
         yield
-        return
-    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def _handling(signum: int, handler: Callable[[int, object], None]) -> Iterator[None]:
+    """`handler` for `signum` within it, the previous one back on leaving; nothing under torchrun (its
+    agent stops ranks its own way) nor off the main thread (only it may set handlers)."""
+    if under_torchrun() or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous)
 
 
 # Longer than stopping ranks takes once interrupted: each is sent SIGTERM, then SIGKILL after 3 s.
@@ -152,9 +160,6 @@ def sigint_unwinds() -> Iterator[None]:
     Ctrl-C would cut that clean-up short. A later one raises again, in case the first was lost (raised in
     a finalizer, which only prints it). Same conditions as `sigterm_unwinds`; the previous handler comes
     back on leaving."""
-    if under_torchrun() or threading.current_thread() is not threading.main_thread():
-        yield
-        return
     interrupted_at = -_UNWIND_S
 
     def interrupt(signum: int, frame: object) -> None:
@@ -164,11 +169,8 @@ def sigint_unwinds() -> Iterator[None]:
         interrupted_at = time.monotonic()
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGINT, interrupt)
-    try:
+    with _handling(signal.SIGINT, interrupt):
         yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 _ranks_started = 0  # rank processes this process started: an interrupt says it stopped them
